@@ -1,0 +1,164 @@
+"""From shard bytes to samples: the tar reader's members grouped by webdataset's key rules.
+
+`shard_samples` is the fused fast path for one shard (no per-member dicts, no nested
+generators). `TarShardSamples` is the pipeline stage that opens each URL and runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+from urllib.parse import urlparse
+
+from ._errors import FormatError, ShardStreamError
+from ._keys import base_plus_ext, is_meta
+from ._open import iter_chunks
+from ._stages import PipelineStage
+from ._tar import TarReader
+from .handlers import reraise_exception
+
+__all__ = ["TarShardSamples", "shard_samples", "source_url"]
+
+Handler = Callable[[BaseException], bool]
+
+
+def shard_samples(
+    chunks: Iterable[bytes],
+    url: str,
+    *,
+    local_path: Optional[str] = None,
+    select_files: Optional[Callable[[str], bool]] = None,
+    rename_files: Optional[Callable[[str], str]] = None,
+    handler: Handler = reraise_exception,
+) -> Iterator[Dict[str, Any]]:
+    """Yield the samples of one shard, given its bytes in chunks of any size.
+
+    Consecutive members with the same key form a sample; samples never span shards. A format or
+    fetch error propagates (the caller's handler decides about the shard); the sample being
+    assembled when it happens is dropped, never yielded incomplete. Per-member errors
+    (rename_files, duplicate fields) go to `handler`.
+    """
+    reader = TarReader(url)
+    feed = reader.feed
+    current: Optional[Dict[str, Any]] = None
+    current_key: Optional[str] = None
+    chunks = iter(chunks)
+    while True:
+        chunk = next(chunks, None)
+        members = feed(chunk) if chunk is not None else reader.close()
+        for name, data, offset in members:
+            try:
+                if name.startswith("__") and is_meta(name):
+                    continue
+                if rename_files is not None:
+                    name = rename_files(name)
+                if select_files is not None and not select_files(name):
+                    continue
+                slash = name.rfind("/")
+                dot = name.find(".", slash + 1)
+                if dot > slash + 1 and "\n" not in name:
+                    key = name[:dot]
+                    ext = name[dot + 1 :].lower()
+                else:
+                    key, ext = base_plus_ext(name)
+                    if key is None:
+                        continue
+                    ext = ext.lower()
+                if key != current_key:
+                    if current is not None:
+                        yield current
+                    current_key = key
+                    current = {"__key__": key, "__url__": url, ext: data}
+                    if local_path is not None:
+                        current["__local_path__"] = local_path
+                elif ext in current:  # type: ignore[operator]
+                    raise FormatError(f"duplicate file name in tar file: {ext!r}", url=url, member=name, offset=offset)
+                else:
+                    current[ext] = data  # type: ignore[index]
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                current = None
+                return
+        if chunk is None:
+            break
+    if current is not None:
+        yield current
+
+
+def source_url(item: Any) -> tuple:
+    """(url, local_path) from a shard-list item: a dict(url=..., [local_path=...]) or a string."""
+    if isinstance(item, dict):
+        url = item["url"]
+        local_path = item.get("local_path")
+    else:
+        url, local_path = item, None
+    if local_path is None:
+        parsed = urlparse(url)
+        if parsed.scheme in ("", "file") and not url.startswith("pipe:") and url != "-":
+            local_path = parsed.path
+    return url, local_path
+
+
+class TarShardSamples(PipelineStage):
+    """Shard URLs in, samples out: webdataset's url_opener + tar_file_expander + group_by_keys, fused.
+
+    Args:
+        handler: webdataset handler for errors: True skips the rest of the failing shard (the
+            samples already delivered stay), False stops the stream, raising propagates.
+        select_files, rename_files: webdataset's member filters.
+        allow_pipe: allow `pipe:` URLs for this stage (default: the process-wide switch).
+        opener: `url -> iterable of byte chunks` (default: local files, pipe:, fsspec).
+    """
+
+    name = "tar_samples"
+
+    def __init__(
+        self,
+        handler: Handler = reraise_exception,
+        select_files: Optional[Callable[[str], bool]] = None,
+        rename_files: Optional[Callable[[str], str]] = None,
+        *,
+        allow_pipe: Optional[bool] = None,
+        opener: Optional[Callable[[str], Iterable[bytes]]] = None,
+    ) -> None:
+        self.handler = handler
+        self.select_files = select_files
+        self.rename_files = rename_files
+        self.allow_pipe = allow_pipe
+        self.opener = opener
+
+    def open(self, url: str) -> Iterable[bytes]:
+        if self.opener is not None:
+            return self.opener(url)
+        return iter_chunks(url, allow_pipe=self.allow_pipe)
+
+    def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        for item in src:
+            url, local_path = source_url(item)
+            samples = None
+            try:
+                chunks = self.open(url)
+                samples = shard_samples(
+                    chunks,
+                    url,
+                    local_path=local_path,
+                    select_files=self.select_files,
+                    rename_files=self.rename_files,
+                    handler=self.handler,
+                )
+                yield from samples
+            except Exception as exn:
+                if isinstance(exn, ShardStreamError):
+                    exn.with_location(url=url)
+                if self.handler(exn):
+                    continue
+                return
+            finally:
+                if samples is not None:
+                    samples.close()
+                    close = getattr(chunks, "close", None)
+                    if close is not None:
+                        close()
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        return self.run(src)

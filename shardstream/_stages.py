@@ -1,0 +1,153 @@
+"""Pipeline stages described as data.
+
+A pipeline is a list of stages. Two kinds matter to the engine:
+
+- `SampleStage`: a pure per-sample function (`apply(sample) -> sample | DROP`) plus an exception
+  handler. Runs of consecutive sample stages are fused into one task per sample.
+- everything else (`StreamStage`, user generator functions, `PipelineStage.run`): an iterator in,
+  an iterator out, run in order.
+
+Every stage is still callable as `stage(source_iterator)` so that code written for webdataset,
+which composes stages as nested generators, keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+
+from .handlers import reraise_exception
+
+__all__ = [
+    "DROP",
+    "PipelineStage",
+    "SampleStage",
+    "StreamStage",
+    "fuse_sample_stages",
+    "run_sample_stages",
+]
+
+
+class _Drop:
+    """Sentinel: the sample is filtered out (select, map returning None, handler skipped it)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "DROP"
+
+    def __reduce__(self):
+        return (_Drop, ())
+
+
+DROP: Any = _Drop()
+
+
+class StopStream(Exception):
+    """Raised by a fused sample function when a handler asked to stop the stream."""
+
+
+class PipelineStage:
+    """webdataset's base class for stages that are run as `stage.run(source)`."""
+
+    def invoke(self, *args, **kw):
+        raise NotImplementedError
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - subclasses override
+        raise NotImplementedError
+
+
+class SampleStage(PipelineStage):
+    """A stage that maps each sample independently; subclasses implement `apply`.
+
+    `apply` returns the new sample or DROP and may raise; the exception goes to `handler`, which
+    keeps webdataset's meaning (True: skip this sample, False: stop the stream, raise: propagate).
+    """
+
+    name = "sample"
+    handler: Callable[[BaseException], bool] = staticmethod(reraise_exception)
+
+    def apply(self, sample: Any) -> Any:  # pragma: no cover - subclasses override
+        raise NotImplementedError
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:
+        apply, handler = self.apply, self.handler
+        for sample in src:
+            try:
+                result = apply(sample)
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                return
+            if result is not DROP:
+                yield result
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.run(src)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+def run_sample_stages(stages: Sequence[SampleStage], sample: Any) -> Any:
+    """Run `sample` through `stages`; return the result or DROP; raise StopStream to stop."""
+    for stage in stages:
+        try:
+            sample = stage.apply(sample)
+        except Exception as exn:
+            if stage.handler(exn):
+                return DROP
+            raise StopStream() from exn
+        if sample is DROP:
+            return DROP
+    return sample
+
+
+def fuse_sample_stages(stages: Sequence[SampleStage]) -> Callable[[Any], Any]:
+    """One function for a run of sample stages (one task per sample on the engine)."""
+    stages = tuple(stages)
+    if len(stages) == 1:
+        stage = stages[0]
+        apply, handler = stage.apply, stage.handler
+
+        def one(sample: Any) -> Any:
+            try:
+                return apply(sample)
+            except Exception as exn:
+                if handler(exn):
+                    return DROP
+                raise StopStream() from exn
+
+        return one
+    return lambda sample: run_sample_stages(stages, sample)
+
+
+class StreamStage(PipelineStage):
+    """A curried generator function: `StreamStage(f, *args, **kw)(src)` is `f(src, *args, **kw)`.
+
+    This is what `pipelinefilter(f)(*args, **kw)` returns (webdataset's FilterFunction).
+    """
+
+    def __init__(self, f: Callable[..., Iterator[Any]], *args: Any, **kw: Any) -> None:
+        self.f = f
+        self.args = args
+        self.kw = kw
+
+    @property
+    def name(self) -> str:
+        return getattr(self.f, "__name__", type(self.f).__name__).lstrip("_")
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.f(src, *self.args, **self.kw)
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.f(src, *self.args, **self.kw)
+
+    def __repr__(self) -> str:
+        return f"<{self.name} {self.args} {self.kw}>"
+
+    __str__ = __repr__

@@ -1,0 +1,208 @@
+"""webdataset's `cache` module: shard downloads into a local cache directory.
+
+Divergence: cache file names are derived from the whole URL (a hash prefix plus the basename),
+so shards with the same basename from different directories or hosts never collide, and a
+download goes to a temp file that is renamed into place only when complete and valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+import time
+import urllib.parse
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+from urllib.parse import urlparse
+
+from ._errors import FormatError
+from ._open import iter_chunks, local_path_of
+from .handlers import reraise_exception
+
+__all__ = [
+    "FileCache",
+    "LRUCleanup",
+    "StreamingOpen",
+    "check_tar_format",
+    "default_cache_dir",
+    "default_cache_size",
+    "download",
+    "islocal",
+    "pipe_cleaner",
+    "url_to_cache_name",
+    "url_to_cache_path",
+]
+
+default_cache_dir = os.environ.get("WDS_CACHE", "./_cache")
+default_cache_size = float(os.environ.get("WDS_CACHE_SIZE", "1e18"))
+
+
+def islocal(url: str) -> bool:
+    return urlparse(url).scheme in ("", "file") and not url.startswith("pipe:")
+
+
+def pipe_cleaner(spec: str) -> str:
+    """For `pipe:curl ... URL` specs, the URL inside; else the spec."""
+    if spec.startswith("pipe:"):
+        for word in spec[5:].split(" "):
+            if re.match("^(https?|hdfs|gs|ais|s3):", word):
+                return word
+    return spec
+
+
+def url_to_cache_name(url: str, ndir: int = 0) -> str:
+    """webdataset's naming: the last ndir+1 path components (collides across directories)."""
+    parsed = urlparse(url)
+    if parsed.scheme in (None, "", "file", "http", "https", "ftp", "ftps", "gs", "s3", "ais"):
+        parts = parsed.path.lstrip("/").split("/")
+        return "/".join(parts[-1 - ndir :])
+    return urllib.parse.quote(url, safe="_+{}*,-")[-128:]
+
+
+def url_to_cache_path(url: str) -> str:
+    """shardstream's naming: a digest of the whole URL, then the basename for readability."""
+    digest = hashlib.sha256(pipe_cleaner(url).encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    base = os.path.basename(urlparse(pipe_cleaner(url)).path) or "shard"
+    base = re.sub(r"[^A-Za-z0-9._+-]", "_", base)[-80:]
+    return f"{digest}-{base}"
+
+
+def check_tar_format(fname: str) -> bool:
+    """True if the file looks like a tar archive (or gzip, which may hold one)."""
+    with open(fname, "rb") as f:
+        head = f.read(512)
+    if head[:2] == b"\x1f\x8b":
+        return True
+    return len(head) == 512 and (head[257:262] == b"ustar" or head == b"\0" * 512 or _checksum_ok(head))
+
+
+def _checksum_ok(header: bytes) -> bool:
+    try:
+        stored = int(header[148:156].replace(b"\0", b" ").strip() or b"0", 8)
+    except ValueError:
+        return False
+    return stored == sum(header[:148]) + 256 + sum(header[156:])
+
+
+class LRUCleanup:
+    """Delete the oldest files in a directory until it is under a byte bound."""
+
+    def __init__(self, cache_dir=None, cache_size=int(1e12), keyfn=os.path.getctime, verbose=False, interval=30):
+        self.cache_dir = cache_dir
+        self.cache_size = cache_size
+        self.keyfn = keyfn
+        self.verbose = verbose
+        self.interval = interval
+        self.last_run = 0.0
+
+    def set_cache_dir(self, cache_dir):
+        self.cache_dir = cache_dir
+
+    def cleanup(self):
+        if self.cache_dir is None or not os.path.exists(self.cache_dir):
+            return
+        if self.interval is not None and time.time() - self.last_run < self.interval:
+            return
+        try:
+            files = [os.path.join(d, f) for d, _, fs in os.walk(self.cache_dir) for f in fs]
+            total = sum(os.path.getsize(f) for f in files)
+            files.sort(key=self.keyfn, reverse=True)
+            while files and total > self.cache_size:
+                fname = files.pop()
+                total -= os.path.getsize(fname)
+                os.remove(fname)
+        except OSError:
+            pass
+        self.last_run = time.time()
+
+
+def download(url: str, dest: str, chunk_size: int = 1 << 20, verbose: bool = False) -> None:
+    """Copy `url` to `dest` through a temp file renamed into place when complete."""
+    temp = f"{dest}.temp{os.getpid()}"
+    try:
+        with open(temp, "wb") as f:
+            for chunk in iter_chunks(url, chunk_size=chunk_size):
+                f.write(chunk)
+        os.replace(temp, dest)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+class StreamingOpen:
+    """dict(url=...) in, dict(url, stream[, local_path]) out, with no caching."""
+
+    def __init__(self, verbose=False, handler=reraise_exception):
+        self.verbose = verbose
+        self.handler = handler
+
+    def __call__(self, urls):
+        from .gopen import gopen
+
+        for url in urls:
+            if isinstance(url, dict):
+                url = url["url"]
+            try:
+                path = local_path_of(url)
+                if path is not None:
+                    yield dict(url=url, stream=open(path, "rb"), local_path=path)
+                else:
+                    yield dict(url=url, stream=gopen(url))
+            except Exception as exn:
+                if self.handler(exn):
+                    continue
+                break
+
+
+class FileCache:
+    """Download remote shards into `cache_dir` once, then open the local copy."""
+
+    def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_path,
+                 verbose: bool = False, validator: Optional[Callable[[str], bool]] = check_tar_format,
+                 handler: Callable = reraise_exception, cache_size: int = -1, cache_cleanup_interval: int = 30):
+        self.url_to_name = url_to_name
+        self.validator = validator
+        self.handler = handler
+        self.cache_dir = default_cache_dir if cache_dir is None else cache_dir
+        self.verbose = verbose
+        self.cleaner = (
+            LRUCleanup(self.cache_dir, cache_size, verbose=verbose, interval=cache_cleanup_interval)
+            if cache_size > 0
+            else None
+        )
+
+    def get_file(self, url: str) -> str:
+        """The local path of `url`, downloading it into the cache first if needed."""
+        path = local_path_of(url)
+        if path is not None:
+            return path
+        dest = os.path.join(self.cache_dir, self.url_to_name(url))
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        if not os.path.exists(dest):
+            if self.cleaner is not None:
+                self.cleaner.cleanup()
+            download(url, dest)
+            if self.validator and not self.validator(dest):
+                with open(dest, "rb") as f:
+                    head = f.read(200)
+                os.remove(dest)
+                raise FormatError(f"downloaded file is not a tar archive: {head[:40]!r}", url=url, offset=0)
+        return dest
+
+    def __call__(self, urls: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        for url in urls:
+            if isinstance(url, dict):
+                url = url["url"]
+            try:
+                dest = self.get_file(url)
+                stream = open(dest, "rb")
+            except Exception as exn:
+                if self.handler(exn):
+                    continue
+                break
+            yield dict(url=url, stream=stream, local_path=dest)
+
+    def chunks(self, url: str) -> Iterator[bytes]:
+        """The bytes of `url`, from the cache (an opener for TarShardSamples)."""
+        return iter_chunks(self.get_file(url))

@@ -1,0 +1,204 @@
+"""webdataset's `compat` module: WebDataset, the fluid interface, WebLoader."""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from typing import Any, Callable, Optional
+from urllib.parse import urlparse
+
+import yaml
+
+from . import filters, shardlists, utils
+from ._samples import TarShardSamples
+from ._torch import DataLoader
+from .cache import FileCache
+from .handlers import reraise_exception
+from .pipeline import DataPipeline
+
+__all__ = ["FluidInterface", "FluidWrapper", "WebDataset", "WebLoader", "check_empty"]
+
+
+class FluidInterface:
+    """Chainable methods; each returns a new pipeline with one more stage (`compose`)."""
+
+    def batched(self, batchsize, collation_fn=filters.default_collation_fn, partial=True):
+        return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
+
+    def unbatched(self):
+        return self.compose(filters.unbatched())
+
+    def listed(self, batchsize, partial=True):
+        return self.compose(filters.batched(batchsize=batchsize, collation_fn=None))
+
+    def unlisted(self):
+        return self.compose(filters.unlisted())
+
+    def log_keys(self, logfile=None):
+        return self.compose(filters.log_keys(logfile))
+
+    def shuffle(self, size, **kw):
+        return self if size < 1 else self.compose(filters.shuffle(size, **kw))
+
+    def map(self, f, handler=reraise_exception):
+        return self.compose(filters.map(f, handler=handler))
+
+    def decode(self, *args, pre=None, post=None, only=None, partial=False, handler=reraise_exception):
+        return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial, handler=handler))
+
+    def map_dict(self, handler=reraise_exception, **kw):
+        return self.compose(filters.map_dict(handler=handler, **kw))
+
+    def select(self, predicate, **kw):
+        return self.compose(filters.select(predicate, **kw))
+
+    def to_tuple(self, *args, **kw):
+        return self.compose(filters.to_tuple(*args, **kw))
+
+    def map_tuple(self, *args, handler=reraise_exception):
+        return self.compose(filters.map_tuple(*args, handler=handler))
+
+    def slice(self, *args):
+        return self.compose(filters.slice(*args))
+
+    def rename(self, **kw):
+        return self.compose(filters.rename(**kw))
+
+    def rsample(self, p=0.5):
+        return self.compose(filters.rsample(p))
+
+    def rename_keys(self, *args, **kw):
+        return self.compose(filters.rename_keys(*args, **kw))
+
+    def extract_keys(self, *args, **kw):
+        return self.compose(filters.extract_keys(*args, **kw))
+
+    def xdecode(self, *args, **kw):
+        return self.compose(filters.xdecode(*args, **kw))
+
+    def mcached(self):
+        return self.compose(filters.Cached())
+
+    def lmdb_cached(self, *args, **kw):
+        return self.compose(filters.LMDBCached(*args, **kw))
+
+
+def check_empty(source):
+    """Raise if a pass yields no samples at all (usually: fewer shards than workers)."""
+    count = 0
+    for sample in source:
+        yield sample
+        count += 1
+    if count == 0:
+        raise ValueError(
+            "No samples found in dataset; perhaps you have fewer shards than workers.\n"
+            "Turn off using empty_check=False in the WebDataset constructor."
+        )
+
+
+class WebDataset(DataPipeline, FluidInterface):
+    """A pipeline that reads samples from WebDataset shards; webdataset 1.0.2's constructor.
+
+    Beyond webdataset's arguments: `allow_pipe` enables `pipe:` URLs for this dataset.
+    """
+
+    def __init__(
+        self,
+        urls,
+        handler: Callable = reraise_exception,
+        mode: Optional[str] = None,
+        resampled: bool = False,
+        repeat: bool = False,
+        shardshuffle=None,
+        cache_size: int = -1,
+        cache_dir: Optional[str] = None,
+        url_to_name=None,
+        detshuffle: bool = False,
+        nodesplitter=shardlists.single_node_only,
+        workersplitter=shardlists.split_by_worker,
+        select_files=None,
+        rename_files=None,
+        empty_check: bool = True,
+        verbose: bool = False,
+        seed=None,
+        *,
+        allow_pipe: Optional[bool] = None,
+    ) -> None:
+        super().__init__()
+        if resampled:
+            mode = "resampled"
+        if mode == "resampled" and shardshuffle not in (False, None):
+            warnings.warn("WebDataset(shardshuffle=...) is ignored for resampled datasets")
+        elif shardshuffle is None:
+            warnings.warn("WebDataset(shardshuffle=...) is None; set explicitly to False or a number")
+        if shardshuffle is True:
+            warnings.warn("set WebDataset(shardshuffle=...) to a positive integer or 0 or False")
+            shardshuffle = 100
+        self.seed = os.environ.get("WDS_SEED", random.randint(0, 1000000)) if seed is None else seed
+        cache_size = int(os.environ.get("WDS_CACHE_SIZE", cache_size))
+        cache_dir = os.environ.get("WDS_CACHE", cache_dir)
+        if cache_dir is not None:
+            cache_dir = os.path.expanduser(cache_dir)
+            if not os.path.exists(cache_dir):
+                raise ValueError(f"cache directory {cache_dir} does not exist")
+        self._append_shard_source(urls, mode)
+        if nodesplitter is not None:
+            self.append(nodesplitter)
+        if workersplitter:
+            self.append(workersplitter)
+        if shardshuffle is not None:
+            if detshuffle:
+                self.append(filters.detshuffle(shardshuffle, seed=self.seed))
+            else:
+                self.append(filters.shuffle(shardshuffle, seed=self.seed))
+        opener = None
+        if cache_dir is not None and cache_size != 0:
+            kw = {} if url_to_name is None else {"url_to_name": url_to_name}
+            opener = FileCache(cache_dir=cache_dir, cache_size=cache_size, handler=handler, **kw).chunks
+        self.append(
+            TarShardSamples(handler=handler, select_files=select_files, rename_files=rename_files,
+                            allow_pipe=allow_pipe, opener=opener)
+        )
+        if empty_check:
+            self.append(check_empty)
+
+    def _append_shard_source(self, urls: Any, mode: Optional[str]) -> None:
+        if isinstance(urls, str) and (urls.endswith(".yaml") or urls.endswith(".yml")):
+            with open(urls) as stream:
+                spec = yaml.safe_load(stream)
+            assert "datasets" in spec
+            self.append(shardlists.MultiShardSample(spec))
+        elif isinstance(urls, dict):
+            assert "datasets" in urls
+            self.append(shardlists.MultiShardSample(urls))
+        elif isinstance(urls, str) and urls.endswith(".json"):
+            raise ValueError("unimplemented")
+        elif isinstance(urls, str) or utils.is_iterable(urls):
+            if mode == "resampled":
+                self.append(shardlists.ResampledShards(urls))
+            else:
+                self.append(shardlists.SimpleShardList(urls))
+        else:
+            raise ValueError(f"cannot handle urls of type {type(urls)}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        self.close()
+
+
+class FluidWrapper(DataPipeline, FluidInterface):
+    """Wrap any iterable so that it gets the fluid methods."""
+
+    def __init__(self, initial) -> None:
+        super().__init__()
+        self.append(initial)
+
+
+class WebLoader(DataPipeline, FluidInterface):
+    """A torch DataLoader with the fluid methods (`.unbatched().shuffle().batched()`)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(DataLoader(*args, **kw))

@@ -1,0 +1,83 @@
+"""webdataset's `mix`: RoundRobin and RandomMix over several datasets."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Iterator, List, Optional
+
+import numpy as np
+
+from ._torch import IterableDataset
+
+__all__ = ["RandomMix", "RoundRobin", "random_samples", "round_robin_longest", "round_robin_shortest"]
+
+
+def round_robin_shortest(*sources: Iterator[Any]) -> Iterator[Any]:
+    i = 0
+    while True:
+        try:
+            sample = next(sources[i % len(sources)])
+        except StopIteration:
+            return
+        yield sample
+        i += 1
+
+
+def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
+    remaining = list(sources)
+    i = 0
+    while remaining:
+        i %= len(remaining)
+        try:
+            sample = next(remaining[i])
+        except StopIteration:
+            del remaining[i]
+            continue
+        i += 1
+        yield sample
+
+
+class RoundRobin(IterableDataset):
+    """One sample from each dataset in turn; stops with the shortest unless longest=True."""
+
+    def __init__(self, datasets, longest: bool = False) -> None:
+        self.datasets = datasets
+        self.longest = longest
+
+    def __iter__(self) -> Iterator[Any]:
+        sources = [iter(d) for d in self.datasets]
+        return round_robin_longest(*sources) if self.longest else round_robin_shortest(*sources)
+
+
+def random_samples(sources: List[Iterator[Any]], probs: Optional[List[float]] = None, longest: bool = False,
+                   rng: Optional[random.Random] = None) -> Iterator[Any]:
+    probs = [1] * len(sources) if probs is None else list(probs)
+    draw = random.random if rng is None else rng.random
+    while sources:
+        cum = (np.array(probs) / np.sum(probs)).cumsum()
+        i = int(np.searchsorted(cum, draw()))
+        try:
+            yield next(sources[i])
+        except StopIteration:
+            if not longest:
+                return
+            del sources[i]
+            del probs[i]
+
+
+class RandomMix(IterableDataset):
+    """Draw each sample from a dataset chosen at random with the given probabilities.
+
+    `seed` (a shardstream extension) makes the choice sequence reproducible.
+    """
+
+    def __init__(self, datasets, probs=None, longest: bool = False, seed: Optional[int] = None) -> None:
+        self.datasets = datasets
+        self.probs = probs
+        self.longest = longest
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[Any]:
+        sources = [iter(d) for d in self.datasets]
+        rng = None if self.seed is None else random.Random(self.seed)
+        return random_samples(sources, self.probs, longest=self.longest, rng=rng)

@@ -1,0 +1,218 @@
+"""webdataset's `shardlists`: shard sources and node/worker splitters."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Iterator, List
+
+import braceexpand
+import yaml
+
+from . import utils
+from ._torch import IterableDataset
+from ._urls import envsubst, expand_urls
+from .filters import pipelinefilter
+from .utils import is_iterable
+
+__all__ = [
+    "MSSource",
+    "MultiShardSample",
+    "ResampledShardList",
+    "ResampledShards",
+    "SimpleShardList",
+    "envsubst",
+    "expand_source",
+    "expand_urls",
+    "non_empty",
+    "resampled",
+    "shardspec",
+    "single_node_only",
+    "split_by_node",
+    "split_by_worker",
+]
+
+
+def split_by_node(src, group=None):
+    """Every world_size-th shard, starting at this rank."""
+    rank, world_size, _worker, _num_workers = utils.pytorch_worker_info(group=group)
+    if world_size > 1:
+        yield from islice(src, rank, None, world_size)
+    else:
+        yield from src
+
+
+def single_node_only(src, group=None):
+    """Refuse to run with world_size > 1 (the WebDataset default nodesplitter)."""
+    _rank, world_size, _worker, _num_workers = utils.pytorch_worker_info(group=group)
+    if world_size > 1:
+        raise ValueError("you need to add an explicit nodesplitter to your input pipeline for multi-node training")
+    yield from src
+
+
+def split_by_worker(src):
+    """Every num_workers-th shard, starting at this DataLoader worker."""
+    _rank, _world_size, worker, num_workers = utils.pytorch_worker_info()
+    if num_workers > 1:
+        yield from islice(src, worker, None, num_workers)
+    else:
+        yield from src
+
+
+def expand_source(source, max_urls: int = int(1e9)) -> List[str]:
+    if isinstance(source, str):
+        return expand_urls(source)
+    if isinstance(source, list):
+        return source
+    if is_iterable(source):
+        return list(islice(source, max_urls))
+    raise ValueError(f"cannot handle {type(source)}")
+
+
+class SimpleShardList(IterableDataset):
+    """The shards of a spec, in order (or shuffled once per pass with `seed`)."""
+
+    def __init__(self, urls, seed=None) -> None:
+        super().__init__()
+        self.urls = expand_urls(urls)
+        assert isinstance(self.urls[0], str)
+        if seed is True:
+            seed = time.time()
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __iter__(self) -> Iterator[dict]:
+        urls = self.urls.copy()
+        if self.seed is not None:
+            random.Random(self.seed).shuffle(urls)
+        for url in urls:
+            yield dict(url=url)
+
+
+def resampled_(src, n=sys.maxsize):
+    rng = random.Random(os.urandom(20))
+    items = list(src)
+    for _ in range(n):
+        yield rng.choice(items)
+
+
+resampled = pipelinefilter(resampled_)
+
+
+def non_empty(src):
+    """Raise if the stream turns out to be empty."""
+    count = 0
+    for s in src:
+        yield s
+        count += 1
+    if count == 0:
+        raise ValueError("pipeline stage received no data at all and this was declared as an error")
+
+
+class ResampledShards(IterableDataset):
+    """An endless (or nshards long) stream of shards drawn with replacement."""
+
+    def __init__(self, urls, nshards=sys.maxsize, seed=0, worker_seed=None, deterministic=False,
+                 max_urls=int(1e6), empty_check=True) -> None:
+        super().__init__()
+        self.urls = expand_source(urls, max_urls)
+        if empty_check and len(self.urls) == 0:
+            raise ValueError("empty_check=True, but no shards found in ResampledShards")
+        assert isinstance(self.urls[0], str)
+        self.nshards = nshards
+        self.worker_seed = utils.pytorch_worker_seed if worker_seed is None else worker_seed
+        self.deterministic = deterministic
+        self.seed = seed
+        self.epoch = -1
+
+    def __iter__(self) -> Iterator[dict]:
+        self.epoch += 1
+        if self.deterministic:
+            seed = utils.make_seed(self.worker_seed(), self.epoch, self.seed)
+        else:
+            seed = utils.make_seed(self.worker_seed(), self.epoch, self.seed, os.getpid(), time.time_ns(), os.urandom(4))
+        self.rng = random.Random(seed)
+        for _ in range(self.nshards):
+            index = self.rng.randint(0, len(self.urls) - 1)
+            yield dict(url=self.urls[index])
+
+
+ResampledShardList = ResampledShards
+
+
+@dataclass
+class MSSource:
+    name: str = ""
+    perepoch: int = -1
+    resample: bool = False
+    urls: List[str] = field(default_factory=list)
+
+
+def _expand(s: str) -> str:
+    return os.path.expanduser(os.path.expandvars(s))
+
+
+class MultiShardSample(IterableDataset):
+    """Shards from a YAML/dict spec of several datasets (webdataset's `datasets:` format)."""
+
+    def __init__(self, fname) -> None:
+        self.epoch = -1
+        self.rng = random.Random()
+        if isinstance(fname, dict):
+            spec = fname
+        else:
+            with open(fname) as stream:
+                spec = yaml.safe_load(stream)
+        assert set(spec.keys()).issubset({"prefix", "datasets", "buckets"}), list(spec.keys())
+        prefix = _expand(spec.get("prefix", ""))
+        self.sources = []
+        for ds in spec["datasets"]:
+            assert set(ds.keys()).issubset({"buckets", "name", "shards", "resample", "choose"}), list(ds.keys())
+            buckets = ds.get("buckets", spec.get("buckets", []))
+            if isinstance(buckets, str):
+                buckets = [buckets]
+            buckets = [_expand(s) for s in buckets] or [""]
+            assert len(buckets) == 1, f"{buckets}: multiple buckets are not supported"
+            bucket = buckets[0]
+            urls = ds["shards"]
+            urls = [urls] if isinstance(urls, str) else urls
+            urls = [prefix + os.path.join(bucket, u) for url in urls for u in braceexpand.braceexpand(_expand(url))]
+            resample = ds.get("resample", -1)
+            nsample = ds.get("choose", -1)
+            if nsample > len(urls):
+                raise ValueError(f"perepoch {nsample} must be no greater than the number of shards")
+            if nsample > 0 and resample > 0:
+                raise ValueError("specify only one of perepoch or choose")
+            self.sources.append(MSSource(name=ds.get("name", "@" + bucket), urls=urls, perepoch=nsample, resample=resample))
+
+    def set_epoch(self, seed) -> None:
+        self.rng = random.Random(seed)
+
+    def get_shards_for_epoch(self) -> List[str]:
+        result: List[str] = []
+        for source in self.sources:
+            if source.resample > 0:
+                chosen = self.rng.choices(source.urls, k=source.resample)
+            elif source.perepoch > 0:
+                chosen = list(source.urls)
+                self.rng.shuffle(chosen)
+                chosen = chosen[: source.perepoch]
+            else:
+                chosen = list(source.urls)
+            result += chosen
+        self.rng.shuffle(result)
+        return result
+
+    def __iter__(self) -> Iterator[dict]:
+        for shard in self.get_shards_for_epoch():
+            yield dict(url=shard)
+
+
+def shardspec(spec: str):
+    return MultiShardSample(spec) if spec.endswith(".yaml") else SimpleShardList(spec)
