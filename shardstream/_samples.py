@@ -85,14 +85,18 @@ def shard_samples(
         yield current
 
 
-def source_url(item: Any) -> tuple:
-    """(url, local_path) from a shard-list item: a dict(url=..., [local_path=...]) or a string."""
+def source_url(item: Any, find_local_path: bool = True) -> tuple:
+    """(url, local_path) from a shard-list item: a dict(url=..., [local_path=...]) or a string.
+
+    With find_local_path, plain paths and file: URLs are their own local path (what
+    WebDataset's opener reports as `__local_path__`; the function-style pipeline does not).
+    """
     if isinstance(item, dict):
         url = item["url"]
         local_path = item.get("local_path")
     else:
         url, local_path = item, None
-    if local_path is None:
+    if local_path is None and find_local_path:
         parsed = urlparse(url)
         if parsed.scheme in ("", "file") and not url.startswith("pipe:") and url != "-":
             local_path = parsed.path
@@ -108,6 +112,8 @@ class TarShardSamples(PipelineStage):
         select_files, rename_files: webdataset's member filters.
         allow_pipe: allow `pipe:` URLs for this stage (default: the process-wide switch).
         opener: `url -> iterable of byte chunks` (default: local files, pipe:, fsspec).
+        local_paths: add `__local_path__` for local shards (WebDataset does, the function-style
+            `tarfile_to_samples` does not).
     """
 
     name = "tar_samples"
@@ -120,7 +126,9 @@ class TarShardSamples(PipelineStage):
         *,
         allow_pipe: Optional[bool] = None,
         opener: Optional[Callable[[str], Iterable[bytes]]] = None,
+        local_paths: bool = False,
     ) -> None:
+        self.local_paths = local_paths
         self.handler = handler
         self.select_files = select_files
         self.rename_files = rename_files
@@ -134,7 +142,7 @@ class TarShardSamples(PipelineStage):
 
     def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         for item in src:
-            url, local_path = source_url(item)
+            url, local_path = source_url(item, self.local_paths)
             samples = None
             try:
                 chunks = self.open(url)

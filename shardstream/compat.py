@@ -158,7 +158,7 @@ class WebDataset(DataPipeline, FluidInterface):
             opener = FileCache(cache_dir=cache_dir, cache_size=cache_size, handler=handler, **kw).chunks
         self.append(
             TarShardSamples(handler=handler, select_files=select_files, rename_files=rename_files,
-                            allow_pipe=allow_pipe, opener=opener)
+                            allow_pipe=allow_pipe, opener=opener, local_paths=True)
         )
         if empty_check:
             self.append(check_empty)

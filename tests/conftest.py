@@ -1,0 +1,18 @@
+"""Shared fixtures: shard sets written once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from shardsets import make_shardset  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shardset(tmp_path_factory):
+    """The differential shard set: a list of local shard paths."""
+    return make_shardset(str(tmp_path_factory.mktemp("shardset")))

@@ -1,0 +1,124 @@
+"""Shard sets for differential tests, written with stdlib tarfile so that neither library under
+test made them. Covers USTAR, GNU long names, PAX with non-ASCII names, .tar.gz, uneven shard
+sizes, multi-dot names, upper-case extensions, directories, symlinks, empty members, meta files
+and samples with missing components.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tarfile
+from typing import Dict, List, Tuple
+
+import numpy as np
+from PIL import Image
+
+Member = Tuple[str, bytes]
+
+
+def _image(seed: int, fmt: str, mode: str = "RGB", size=(24, 16)) -> bytes:
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    arr = rng.integers(0, 255, size=(size[1], size[0], channels), dtype=np.uint8)
+    img = Image.fromarray(arr.squeeze(-1) if channels == 1 else arr, mode)
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _npy(seed: int) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.arange(6, dtype=np.float32).reshape(2, 3) + seed)
+    return buf.getvalue()
+
+
+def sample_members(index: int, *, prefix: str = "", exts=("jpg", "cls", "json", "txt")) -> List[Member]:
+    """The members of one sample: key = prefix + sNNNN."""
+    key = f"{prefix}s{index:04d}"
+    payload = {
+        "jpg": lambda: _image(index, "JPEG"),
+        "png": lambda: _image(index, "PNG", "RGBA"),
+        "gray.png": lambda: _image(index, "PNG", "L"),
+        "cls": lambda: str(index % 10).encode(),
+        "json": lambda: json.dumps({"index": index, "caption": f"sample {index}"}).encode(),
+        "txt": lambda: f"a caption for sample {index}".encode(),
+        "npy": lambda: _npy(index),
+        "txt.gz": lambda: gzip.compress(f"zipped {index}".encode(), mtime=0),
+    }
+    members = []
+    for ext in exts:
+        data = payload[ext.lower()]() if ext.lower() in payload else f"{ext}:{index}".encode()
+        members.append((f"{key}.{ext}", data))
+    return members
+
+
+def write_tar(path: str, members: List[Member], *, fmt=tarfile.USTAR_FORMAT, extra=None, gz: bool = False) -> str:
+    """Write members (and `extra(tar)` for special entries) to a tar file with stdlib tarfile."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt, encoding="utf-8") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1700000000
+            info.mode = 0o444
+            tar.addfile(info, io.BytesIO(data))
+        if extra is not None:
+            extra(tar)
+    raw = buf.getvalue()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(raw, mtime=0) if gz else raw)
+    return path
+
+
+def _dir_and_links(tar: tarfile.TarFile) -> None:
+    d = tarfile.TarInfo("zz_dir")
+    d.type = tarfile.DIRTYPE
+    tar.addfile(d)
+    s = tarfile.TarInfo("zz_link.txt")
+    s.type = tarfile.SYMTYPE
+    s.linkname = "s0000.txt"
+    tar.addfile(s)
+
+
+def make_shardset(root: str) -> List[str]:
+    """Write the differential shard set under `root`; return the shard paths in order."""
+    os.makedirs(root, exist_ok=True)
+    shards: List[str] = []
+
+    # 0: USTAR, 7 plain samples, a directory entry first, meta files, an empty member.
+    members: List[Member] = [("__index__", b"meta"), ("__meta__/info.json", b"{}")]
+    for i in range(7):
+        members += sample_members(i)
+    members.append(("s0007.txt", b""))
+    shards.append(write_tar(os.path.join(root, "shard-000.tar"), members, extra=_dir_and_links))
+
+    # 1: GNU format, long names (> 100 bytes), multi-dot and upper-case extensions.
+    longdir = "very/" + "long-directory-name/" * 6
+    members = []
+    for i in range(10, 23):
+        members += sample_members(i, prefix=longdir, exts=("JPG", "Cls", "gray.png", "seg.PNG"))
+    shards.append(write_tar(os.path.join(root, "shard-001.tar"), members, fmt=tarfile.GNU_FORMAT))
+
+    # 2: PAX, non-ASCII names; missing components in some samples.
+    members = []
+    for i in range(30, 41):
+        exts = ("png", "cls", "json") if i % 3 else ("png", "json")
+        members += sample_members(i, prefix="données/ünïcode-名前-", exts=exts)
+    shards.append(write_tar(os.path.join(root, "shard-002.tar"), members, fmt=tarfile.PAX_FORMAT))
+
+    # 3: gzip-compressed, a single sample (uneven sizes).
+    shards.append(write_tar(os.path.join(root, "shard-003.tar.gz"), sample_members(50, exts=("npy", "txt.gz", "cls")), gz=True))
+
+    # 4: 37 samples, arrays and gzipped text.
+    members = []
+    for i in range(60, 97):
+        members += sample_members(i, exts=("npy", "cls", "txt"))
+    shards.append(write_tar(os.path.join(root, "shard-004.tar"), members))
+
+    # 5: same keys as shard 4's last sample at its start (samples must not span shards).
+    members = sample_members(96, exts=("json",)) + sample_members(97, exts=("cls", "json"))
+    shards.append(write_tar(os.path.join(root, "shard-005.tar"), members))
+    return shards
