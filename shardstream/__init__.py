@@ -16,6 +16,7 @@ from ._errors import (
 )
 from ._open import allow_pipe
 from ._samples import TarShardSamples
+from ._shim import install_as_webdataset
 from ._tar import TarMember, TarReader
 from .autodecode import (
     Continue,
@@ -137,6 +138,7 @@ __all__ = [
     "ignore_and_stop",
     "imagehandler",
     "info",
+    "install_as_webdataset",
     "map",
     "map_dict",
     "map_tuple",

@@ -16,9 +16,17 @@ from ._stages import PipelineStage
 from ._tar import TarReader
 from .handlers import reraise_exception
 
-__all__ = ["TarShardSamples", "shard_samples", "source_url"]
+__all__ = ["TarShardSamples", "iter_members", "shard_samples", "source_url"]
 
 Handler = Callable[[BaseException], bool]
+
+
+def iter_members(chunks: Iterable[bytes], url: Optional[str] = None) -> Iterator[Any]:
+    """The regular members of a shard given as byte chunks (raises FormatError)."""
+    reader = TarReader(url)
+    for chunk in chunks:
+        yield from reader.feed(chunk)
+    yield from reader.close()
 
 
 def shard_samples(

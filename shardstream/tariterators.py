@@ -20,9 +20,7 @@ import braceexpand
 
 from ._errors import ShardStreamError
 from ._keys import META_PATTERN, base_plus_ext, is_meta
-from ._samples import TarShardSamples
-from ._tar import TarReader
-from .filters import pipelinefilter
+from ._samples import TarShardSamples, iter_members
 from .gopen import gopen
 from .handlers import reraise_exception
 
@@ -87,27 +85,22 @@ def tar_file_iterator(
 ) -> Iterator[Dict[str, Any]]:
     """Yield dict(fname=..., data=...) for the regular members of a binary tar stream."""
     url = getattr(fileobj, "name", None)
-    reader = TarReader(None if url is None else str(url))
     skip = None if skip_meta is None or skip_meta == META_PATTERN else re.compile(skip_meta)
-    while True:
-        chunk = fileobj.read(_READ_SIZE)
-        members = reader.feed(chunk) if chunk else reader.close()
-        for fname, data, _offset in members:
-            try:
-                if "/" not in fname and fname.startswith(meta_prefix) and fname.endswith(meta_suffix):
-                    continue
-                if skip_meta is not None and (is_meta(fname) if skip is None else skip.match(fname)):
-                    continue
-                if rename_files:
-                    fname = rename_files(fname)
-                if select_files is not None and not select_files(fname):
-                    continue
-                yield dict(fname=fname, data=data)
-            except Exception as exn:
-                if handler(exn):
-                    continue
-                return
-        if not chunk:
+    chunks = iter(lambda: fileobj.read(_READ_SIZE), b"")
+    for fname, data, _offset in iter_members(chunks, None if url is None else str(url)):
+        try:
+            if "/" not in fname and fname.startswith(meta_prefix) and fname.endswith(meta_suffix):
+                continue
+            if skip_meta is not None and (is_meta(fname) if skip is None else skip.match(fname)):
+                continue
+            if rename_files:
+                fname = rename_files(fname)
+            if select_files is not None and not select_files(fname):
+                continue
+            yield dict(fname=fname, data=data)
+        except Exception as exn:
+            if handler(exn):
+                continue
             return
 
 

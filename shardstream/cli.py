@@ -1,0 +1,159 @@
+"""The `shardstream` command: prepare, inspect, verify, index and extract shards."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+from ._errors import ShardStreamError, UsageError
+from ._index import scan_shard, write_index, write_sizes
+from ._keys import base_plus_ext
+from ._open import iter_chunks, local_path_of
+from ._samples import iter_members
+from ._urls import expand_urls
+
+__all__ = ["main"]
+
+
+def _cmd_inspect(args) -> int:
+    from .compat import WebDataset
+
+    dataset = WebDataset(expand_urls(args.urls), shardshuffle=False, empty_check=False)
+    for i, sample in enumerate(dataset):
+        if i >= args.n:
+            break
+        fields = {k: (len(v) if isinstance(v, bytes) else v) for k, v in sample.items()}
+        print(json.dumps(fields, ensure_ascii=False, default=str))
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    failed = 0
+    totals = {"shards": 0, "samples": 0, "members": 0, "bytes": 0}
+    for url in expand_urls(args.urls):
+        try:
+            summary = scan_shard(url, iter_chunks(url))
+        except ShardStreamError as exn:
+            failed += 1
+            print(f"FAIL {exn}")
+            continue
+        totals["shards"] += 1
+        totals["samples"] += summary.count
+        totals["members"] += summary.members
+        totals["bytes"] += summary.bytes
+        if args.verbose:
+            print(f"ok   {url}: {summary.count} samples, {summary.members} members, fields {summary.fields}")
+    print(json.dumps({**totals, "failed": failed}))
+    return 1 if failed else 0
+
+
+def _cmd_index(args) -> int:
+    counts = {}
+    sizes_dirs = set()
+    for url in expand_urls(args.urls):
+        path = local_path_of(url)
+        summary = scan_shard(url, iter_chunks(url))
+        counts[os.path.basename(url)] = summary.count
+        if path is not None and not args.no_idx:
+            write_index(path + ".idx", summary)
+        sizes_dirs.add(os.path.dirname(path) if path is not None else ".")
+        print(f"{url}: {summary.count} samples")
+    target = args.sizes or (os.path.join(sizes_dirs.pop(), "sizes.json") if len(sizes_dirs) == 1 else "sizes.json")
+    write_sizes(target, counts)
+    print(f"wrote {target}")
+    return 0
+
+
+def _safe_target(root: str, name: str) -> str:
+    """The extraction path for a member name, refusing anything that would land outside root."""
+    root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(root, name))
+    if os.path.isabs(name) or not target.startswith(root + os.sep):
+        raise UsageError("member would be extracted outside the target directory", member=name)
+    return target
+
+
+def _cmd_extract(args) -> int:
+    os.makedirs(args.dest, exist_ok=True)
+    count = 0
+    for name, data, _offset in iter_members(iter_chunks(args.url), args.url):
+        target = _safe_target(args.dest, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(data)
+        count += 1
+    print(f"extracted {count} members to {args.dest}")
+    return 0
+
+
+def _cmd_prepare(args) -> int:
+    from .writer import ShardWriter
+
+    files = sorted(
+        os.path.relpath(os.path.join(d, f), args.source) for d, _, fs in os.walk(args.source) for f in fs
+    )
+    os.makedirs(os.path.dirname(args.pattern) or ".", exist_ok=True)
+    written = 0
+    with ShardWriter(args.pattern, maxcount=args.maxcount, maxsize=args.maxsize, verbose=0) as sink:
+        sample: dict = {}
+        for rel in files:
+            key, ext = base_plus_ext(rel)
+            if key is None:
+                continue
+            if sample and sample["__key__"] != key:
+                sink.write(sample)
+                written += 1
+                sample = {}
+            sample["__key__"] = key
+            with open(os.path.join(args.source, rel), "rb") as f:
+                sample[ext] = f.read()
+        if sample:
+            sink.write(sample)
+            written += 1
+    print(f"wrote {written} samples")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardstream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="print the first samples (field sizes) of a shard spec")
+    p.add_argument("urls")
+    p.add_argument("-n", type=int, default=5)
+    p.set_defaults(func=_cmd_inspect)
+    p = sub.add_parser("verify", help="read every shard fully; report errors with offsets")
+    p.add_argument("urls")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("index", help="write .idx files (sample offsets) and sizes.json (counts)")
+    p.add_argument("urls")
+    p.add_argument("--sizes", help="path of sizes.json (default: beside the shards)")
+    p.add_argument("--no-idx", action="store_true", help="only write sizes.json")
+    p.set_defaults(func=_cmd_index)
+    p = sub.add_parser("extract", help="extract a shard's members into a directory (safely)")
+    p.add_argument("url")
+    p.add_argument("dest")
+    p.set_defaults(func=_cmd_extract)
+    p = sub.add_parser("prepare", help="pack a directory of files (grouped by key) into shards")
+    p.add_argument("source")
+    p.add_argument("pattern", help="output pattern, e.g. out/train-%%06d.tar")
+    p.add_argument("--maxcount", type=int, default=10000)
+    p.add_argument("--maxsize", type=float, default=3e9)
+    p.set_defaults(func=_cmd_prepare)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ShardStreamError as exn:
+        print(f"error: {exn}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
