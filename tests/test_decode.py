@@ -274,7 +274,11 @@ def test_gzfilter_matches_webdataset():
     [
         TEN,
         [np.zeros((0, 3), dtype=np.float64)],
-        [np.arange(7, dtype=np.uint8), np.ones((2, 3, 4), dtype=np.float16), np.array([2**40], dtype=np.int64)],
+        [
+            np.arange(7, dtype=np.uint8),
+            np.ones((2, 3, 4), dtype=np.float16),
+            np.array([2**40], dtype=np.int64),
+        ],
         [np.arange(6, dtype=np.int32).reshape(2, 3).T],  # non-contiguous
     ],
 )
@@ -335,7 +339,13 @@ def test_custom_pre_and_post_handlers():
         return ("post", key, data)
 
     sample = {"__key__": "k", "txt": b"abc", "bin": b"zz", "cls": b"1", "txt.gz": gzip.compress(b"q")}
-    for kw in ({"pre": [upper_pre]}, {"post": [tag_post]}, {"pre": [], "post": []}, {"pre": [upper_pre], "post": [tag_post]}):
+    options = [
+        {"pre": [upper_pre]},
+        {"post": [tag_post]},
+        {"pre": [], "post": []},
+        {"pre": [upper_pre], "post": [tag_post]},
+    ]
+    for kw in options:
         ours, theirs = both(lambda m: [], sample, **kw)
         assert_same(ours, theirs, str(kw))
 
@@ -413,6 +423,21 @@ def test_editing_handlers_after_first_use_takes_effect():
     assert decoder({"bin": b"x"})["bin"] == "now decoded"
     decoder.handlers = [lambda k, d: "replaced"]
     assert decoder.decode1("bin", b"x") == "replaced"
+
+
+def test_handlers_that_cannot_match_a_field_are_not_asked(monkeypatch):
+    asked = []
+    original = sa.ImageHandler.__call__
+
+    def spy(self, key, data):
+        asked.append(key)
+        return original(self, key, data)
+
+    monkeypatch.setattr(sa.ImageHandler, "__call__", spy)
+    decoder = sa.Decoder([sa.imagehandler("rgb8")])
+    sample = {"__key__": "k", "cls": b"1", "json": b"{}", "jpg": IMAGES["jpg"], "seg.png": IMAGES["seg.png"]}
+    result = decoder(sample)
+    assert sorted(asked) == [".jpg", ".seg.png"] and result["cls"] == 1
 
 
 def test_decode1_matches_webdataset():
@@ -501,6 +526,8 @@ def test_pickle_enabled_by_environment(monkeypatch):
 def test_pickle_enabled_per_decoder_and_only_inside_it():
     ours = sa.Decoder([], allow_pickle=True)(pickled_sample())
     assert_same(ours, wa.Decoder([])(pickled_sample()))
+    data = pickled_sample()["pyd"]
+    assert_same(sa.Decoder([], allow_pickle=True).decode1("pyd", data), wa.Decoder([]).decode1("pyd", data))
     assert not sa.pickle_allowed()
     with pytest.raises(UsageError):
         sa.Decoder([])(pickled_sample())
@@ -540,7 +567,8 @@ def test_weights_only_torch_load_needs_no_opt_in(monkeypatch):
 
 def test_video_and_audio_handlers_exist_and_fail_clearly():
     assert sa.torch_video(".txt", b"") is None and sa.torch_audio(".jpg", b"") is None
-    for handler, key, module in ((sa.torch_video, ".mp4", "torchvision"), (sa.torch_audio, ".wav", "torchaudio")):
+    backends = [(sa.torch_video, ".mp4", "torchvision"), (sa.torch_audio, ".wav", "torchaudio")]
+    for handler, key, module in backends:
         try:
             __import__(module)
         except ImportError:

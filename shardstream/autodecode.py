@@ -1,0 +1,68 @@
+"""webdataset's `autodecode` module: decoders, image specs and handlers, under the same names.
+
+The implementation lives in `_decode`, `_imagedecode` and `_mediadecode`. One deliberate
+divergence: unpickling (`pyd`, `pickle`, `pkl`) and `torch.load` (`pth`) are refused unless
+enabled with `allow_pickle()`, SHARDSTREAM_ALLOW_PICKLE=1 or `Decoder(..., allow_pickle=True)`.
+`pytorch_weights_only` is read from WDS_PYTORCH_WEIGHTS_ONLY at import, as in webdataset; to change
+it later, set `shardstream._decode.pytorch_weights_only` (this module only holds a copy).
+"""
+
+from ._decode import (
+    IMAGE_EXTENSIONS,
+    Continue,
+    Decoder,
+    DecodingError,
+    ImageHandler,
+    allow_pickle,
+    basichandlers,
+    call_extension_handler,
+    cbor_loads,
+    decoders,
+    default_decoder,
+    default_post_handlers,
+    default_pre_handlers,
+    gzfilter,
+    handle_extension,
+    imagehandler,
+    imagespecs,
+    msgpack_loads,
+    npy_loads,
+    npz_loads,
+    pickle_allowed,
+    pytorch_weights_only,
+    tenbin_loads,
+    torch_audio,
+    torch_loads,
+    torch_video,
+    unpickle_loads,
+)
+
+__all__ = [
+    "Continue",
+    "Decoder",
+    "DecodingError",
+    "IMAGE_EXTENSIONS",
+    "ImageHandler",
+    "allow_pickle",
+    "basichandlers",
+    "call_extension_handler",
+    "cbor_loads",
+    "decoders",
+    "default_decoder",
+    "default_post_handlers",
+    "default_pre_handlers",
+    "gzfilter",
+    "handle_extension",
+    "imagehandler",
+    "imagespecs",
+    "msgpack_loads",
+    "npy_loads",
+    "npz_loads",
+    "pickle_allowed",
+    "pytorch_weights_only",
+    "tenbin_loads",
+    "torch_audio",
+    "torch_loads",
+    "torch_video",
+    "unpickle_loads",
+]
