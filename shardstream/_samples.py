@@ -13,6 +13,7 @@ from ._errors import FormatError, ShardStreamError
 from ._keys import base_plus_ext, is_meta
 from ._open import iter_chunks
 from ._stages import PipelineStage
+from ._stats import SourceStats
 from ._tar import TarReader
 from .handlers import reraise_exception
 
@@ -137,6 +138,7 @@ class TarShardSamples(PipelineStage):
         local_paths: bool = False,
     ) -> None:
         self.local_paths = local_paths
+        self.source_stats = SourceStats()
         self.handler = handler
         self.select_files = select_files
         self.rename_files = rename_files
@@ -148,12 +150,23 @@ class TarShardSamples(PipelineStage):
             return self.opener(url)
         return iter_chunks(url, allow_pipe=self.allow_pipe)
 
+    def _counted(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        add = self.source_stats.add
+        try:
+            for chunk in chunks:
+                add(nbytes=len(chunk))
+                yield chunk
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
     def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         for item in src:
             url, local_path = source_url(item, self.local_paths)
             samples = None
             try:
-                chunks = self.open(url)
+                chunks = self._counted(self.open(url))
                 samples = shard_samples(
                     chunks,
                     url,
@@ -162,10 +175,15 @@ class TarShardSamples(PipelineStage):
                     rename_files=self.rename_files,
                     handler=self.handler,
                 )
-                yield from samples
+                count = 0
+                for sample in samples:
+                    count += 1
+                    yield sample
+                self.source_stats.add(shards=1, samples=count)
             except Exception as exn:
                 if isinstance(exn, ShardStreamError):
                     exn.with_location(url=url)
+                self.source_stats.add(errors=1)
                 if self.handler(exn):
                     continue
                 return

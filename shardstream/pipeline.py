@@ -1,17 +1,19 @@
-"""webdataset's `DataPipeline`: a list of stages run as a chain of iterators."""
+"""webdataset's `DataPipeline`: a list of stages, run on the engine (or as nested generators)."""
 
 from __future__ import annotations
 
 import copy
 import sys
 import warnings
-from itertools import islice
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Optional
 
+from ._config import EngineConfig, engine_defaults
+from ._engine import EngineIterator
 from ._stages import PipelineStage
+from ._stats import PipelineStats
 from ._torch import DataLoader, IterableDataset
 
-__all__ = ["DataPipeline", "add_length_method"]
+__all__ = ["DataPipeline", "PipelineIterator", "add_length_method"]
 
 
 def add_length_method(obj):
@@ -25,11 +27,82 @@ def add_length_method(obj):
     return obj
 
 
+class PipelineIterator:
+    """Iterates `repetitions` passes of a pipeline, capped at `limit` items (with_epoch / repeat).
+
+    Besides iteration it offers `stats()` (of the current engine pass) and `close()`.
+    """
+
+    def __init__(self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int]) -> None:
+        self._pipeline = pipeline
+        self._repetitions = repetitions
+        self._limit = limit
+        self._passes = 0
+        self._count = 0  # items of the current pass
+        self._delivered = 0
+        self._current: Optional[Iterator[Any]] = None
+        self._last_stats: Optional[PipelineStats] = None
+
+    def __iter__(self) -> "PipelineIterator":
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self._limit is not None and self._delivered >= self._limit:
+                self.close()
+                raise StopIteration
+            if self._current is None:
+                if self._passes >= self._repetitions:
+                    raise StopIteration
+                self._current = self._pipeline.iterator1()
+                self._count = 0
+            try:
+                item = next(self._current)
+            except StopIteration:
+                empty = self._count == 0
+                self._end_pass()
+                self._passes += 1
+                if empty:
+                    self._passes = self._repetitions
+                continue
+            self._count += 1
+            self._delivered += 1
+            return item
+
+    def _end_pass(self) -> None:
+        current, self._current = self._current, None
+        if isinstance(current, EngineIterator):
+            self._last_stats = current.stats()
+            self._pipeline._last_stats = self._last_stats
+        close = getattr(current, "close", None)
+        if close is not None:
+            close()
+
+    def stats(self) -> Optional[PipelineStats]:
+        """Stats of the pass under way (or the last one); None when not running on the engine."""
+        if isinstance(self._current, EngineIterator):
+            return self._current.stats()
+        return self._last_stats
+
+    def close(self) -> None:
+        """Stop the pass under way and release its threads and files."""
+        if self._current is not None:
+            self._end_pass()
+        self._passes = self._repetitions
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
 class DataPipeline(IterableDataset, PipelineStage):
     """A pipeline: the first stage is a source, each later one maps an iterator to an iterator.
 
     Stages may be iterables/datasets (sources), `PipelineStage`s (run via `.run(src)`), lists
     (flattened into the pipeline) or plain callables `f(src)`; None arguments are skipped.
+    Iterating runs the stages on the engine (see `with_engine`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -38,6 +111,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.length = -1
         self.repetitions = 1
         self.nsamples = -1
+        self.engine_config: Optional[EngineConfig] = None
+        self._last_stats: Optional[PipelineStats] = None
         for arg in args:
             if arg is None:
                 continue
@@ -45,6 +120,11 @@ class DataPipeline(IterableDataset, PipelineStage):
                 self.pipeline.extend(arg)
             else:
                 self.pipeline.append(arg)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_last_stats"] = None
+        return state
 
     def close(self) -> None:
         for step in self.pipeline:
@@ -63,8 +143,27 @@ class DataPipeline(IterableDataset, PipelineStage):
             return f(*args, **kwargs)
         raise ValueError(f"{f}: not a valid pipeline stage")
 
+    def with_engine(self, **options: Any) -> "DataPipeline":
+        """A copy that runs with these engine options (see EngineConfig), e.g. threads=8, ordered=False."""
+        result = copy.copy(self)
+        result.engine_config = (self.engine_config or engine_defaults()).replace(**options)
+        return result
+
+    def resolved_engine_config(self) -> EngineConfig:
+        return self.engine_config or engine_defaults()
+
+    def _use_engine(self, config: EngineConfig) -> bool:
+        if not config.enabled or len(self.pipeline) < 2:
+            return False
+        # A DataLoader source forks worker processes; keep it in the caller's thread (forking
+        # while other threads hold locks is unsafe) and let its workers do the parallel work.
+        return not isinstance(self.pipeline[0], DataLoader)
+
     def iterator1(self) -> Iterator[Any]:
         """One pass through the pipeline."""
+        config = self.resolved_engine_config()
+        if self._use_engine(config):
+            return EngineIterator(self.pipeline, self.invoke, config)
         source = self.invoke(self.pipeline[0])
         for step in self.pipeline[1:]:
             source = self.invoke(step, source)
@@ -72,18 +171,15 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def iterator(self) -> Iterator[Any]:
         """`repetitions` passes; stops early when a pass yields nothing."""
-        for _ in range(self.repetitions):
-            count = 0
-            for sample in self.iterator1():
-                yield sample
-                count += 1
-            if count == 0:
-                break
+        return PipelineIterator(self, self.repetitions, None)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.repetitions != 1 and self.nsamples > 0:
-            return islice(self.iterator(), self.nsamples)
-        return self.iterator()
+        limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
+        return PipelineIterator(self, self.repetitions, limit)
+
+    def stats(self) -> Optional[PipelineStats]:
+        """Stats of this pipeline's most recent finished engine pass (None if none yet)."""
+        return self._last_stats
 
     def stage(self, i: int) -> Any:
         return self.pipeline[i]

@@ -1,0 +1,401 @@
+"""The execution engine: a pipeline's stages split into segments and run on background threads.
+
+A *stream segment* (a run of non-sample stages: the shard source, shuffle, batched, user
+generators) runs in order in its own thread. A *parallel segment* (a run of `SampleStage`s:
+decode, map, to_tuple, ...) is fused into one function and run on the shared thread pool, a
+chunk of samples per task. The stream thread before it submits the tasks and puts the futures,
+in order, into a bounded channel; the next stage takes them in the same order, so output order
+equals a sequential run without any reordering buffer. Unordered mode hands results on as tasks
+finish. Channels are bounded, so memory does not grow with shard or dataset size.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+from ._channel import END, Channel, Failure, Stopped
+from ._config import EngineConfig
+from ._pool import get_pool
+from ._stages import DROP, SampleStage
+from ._stats import PipelineStats, SourceStats, StageStats
+
+__all__ = ["EngineIterator", "Segment", "split_segments"]
+
+log = logging.getLogger(__name__)
+
+_STOP: Any = object()  # a handler asked to stop the stream: end it after the items before
+_TASK_TARGET_S = 0.001  # aim for pool tasks of about this long (chunking amortises overhead)
+_CHUNK_TARGET_S = 0.0005  # and for queue chunks that take about this long to produce
+_JOIN_TIMEOUT_S = 5.0
+
+
+class Segment:
+    """A run of consecutive stages of one kind."""
+
+    def __init__(self, kind: str, stages: List[Any]) -> None:
+        self.kind = kind  # "stream" or "parallel"
+        self.stages = stages
+
+    @property
+    def name(self) -> str:
+        return "+".join(_stage_name(s) for s in self.stages)
+
+
+def _stage_name(stage: Any) -> str:
+    name = getattr(stage, "name", None)
+    if isinstance(name, str):
+        return name
+    return getattr(stage, "__name__", None) or type(stage).__name__
+
+
+def split_segments(stages: Sequence[Any]) -> List[Segment]:
+    """Group the pipeline into alternating stream and parallel segments (the source is stream)."""
+    segments: List[Segment] = []
+    for i, stage in enumerate(stages):
+        kind = "parallel" if i > 0 and isinstance(stage, SampleStage) else "stream"
+        if segments and segments[-1].kind == kind:
+            segments[-1].stages.append(stage)
+        else:
+            segments.append(Segment(kind, [stage]))
+    return segments
+
+
+def _note(exc: BaseException, stage: str) -> None:
+    if hasattr(exc, "add_note"):
+        notes = getattr(exc, "__notes__", [])
+        text = f"shardstream: raised in stage {stage!r}"
+        if text not in notes:
+            exc.add_note(text)
+
+
+def _run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats) -> List[Any]:
+    """Run a chunk of samples through fused sample stages (on a pool thread)."""
+    out: List[Any] = []
+    append = out.append
+    failures = 0
+    start = time.perf_counter()
+    try:
+        for sample in chunk:
+            for stage in stages:
+                try:
+                    sample = stage.apply(sample)
+                except Exception as exn:
+                    failures += 1
+                    try:
+                        skip = stage.handler(exn)
+                    except BaseException as raised:
+                        _note(raised, stage.name)
+                        raise
+                    if not skip:
+                        append(_STOP)
+                        return out
+                    sample = DROP
+                    break
+                if sample is DROP:
+                    break
+            if sample is not DROP:
+                append(sample)
+        return out
+    finally:
+        stats.record(time.perf_counter() - start, len(chunk), failures)
+
+
+class _Run:
+    """One pass of a pipeline on the engine: threads, channels, stats; `close()` stops it all."""
+
+    def __init__(self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig) -> None:
+        self.config = config
+        self.invoke = invoke
+        self.stop = threading.Event()
+        self.started = time.perf_counter()
+        self.threads_n = config.resolved_threads()
+        self.pool = get_pool(self.threads_n)
+        self.inflight = config.resolved_inflight(self.threads_n)
+        self.segments = split_segments(stages)
+        self.stage_stats: List[StageStats] = []
+        self.channels: List[Channel] = []
+        self.workers: List[threading.Thread] = []
+        self.delivered = 0
+        self.closed = False
+        self._last_log = self.started
+        self.source_stats = _find_source_stats(stages)
+        self._source_base = self.source_stats.snapshot() if self.source_stats else {}
+        self._build()
+
+    def _build(self) -> None:
+        upstream: Optional[Channel] = None
+        segments = self.segments
+        i = 0
+        while i < len(segments):
+            segment = segments[i]
+            parallel = segments[i + 1] if i + 1 < len(segments) else None
+            stats = StageStats(segment.name, "stream")
+            self.stage_stats.append(stats)
+            pstats = None
+            if parallel is not None:
+                pstats = StageStats(parallel.name, "parallel", self.threads_n)
+                self.stage_stats.append(pstats)
+                capacity = self.inflight
+            else:
+                capacity = self.config.queue_chunks
+            out = Channel(f"after {segment.name}" if parallel is None else f"{parallel.name} tasks", capacity, self.stop)
+            self.channels.append(out)
+            thread = threading.Thread(
+                target=self._stream_worker,
+                args=(segment, upstream, out, parallel, stats, pstats),
+                name=f"shardstream-{segment.name[:40]}",
+                daemon=True,
+            )
+            self.workers.append(thread)
+            upstream = out
+            i += 2 if parallel is not None else 1
+        self.output = upstream
+        for thread in self.workers:
+            thread.start()
+
+    # ---- producer side -------------------------------------------------------------------
+    def _input(self, segment: Segment, upstream: Optional[Channel]) -> Iterator[Any]:
+        stages = segment.stages
+        if upstream is None:
+            source = self.invoke(stages[0])
+            rest = stages[1:]
+        else:
+            source = self._items(upstream)
+            rest = stages
+        for stage in rest:
+            source = self.invoke(stage, source)
+        return iter(source)
+
+    def _items(self, channel: Channel) -> Iterator[Any]:
+        """The items in a channel, in order: chunks flattened, futures resolved, STOP honoured."""
+        while True:
+            entry = channel.get()
+            if entry is END:
+                return
+            if isinstance(entry, Failure):
+                raise entry.exc
+            if isinstance(entry, Future):
+                entry = self._result(entry, channel)
+            for item in entry:
+                if item is _STOP:
+                    return
+                yield item
+
+    def _result(self, future: Future, channel: Channel) -> List[Any]:
+        if not future.done():
+            start = time.perf_counter()
+            while True:
+                if self.stop.is_set():
+                    raise Stopped()
+                try:
+                    result = future.result(timeout=0.05)
+                    break
+                except FutureTimeout:
+                    continue
+            channel.stats.on_get(time.perf_counter() - start)
+            return result
+        return future.result()
+
+    def _stream_worker(self, segment, upstream, out, parallel, stats, pstats) -> None:
+        source = None
+        try:
+            source = self._input(segment, upstream)
+            if parallel is None:
+                self._pump_items(source, out, stats, upstream)
+            else:
+                self._pump_tasks(source, out, stats, upstream, parallel.stages, pstats)
+            out.put(END)
+        except Stopped:
+            pass
+        except BaseException as exc:  # shipped to the consumer, raised there
+            _note(exc, segment.name)
+            try:
+                out.put(Failure(exc))
+            except Stopped:
+                pass
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # closing must not hide the real outcome
+                    log.debug("error while closing stage %s", segment.name, exc_info=True)
+
+    def _timed(self, source: Iterator[Any], stats: StageStats, upstream: Optional[Channel]):
+        """Iterate source, adding the time spent producing each item (minus upstream waits)."""
+        clock = time.perf_counter
+        qstats = upstream.stats if upstream is not None else None
+        nxt = source.__next__
+        while True:
+            waited = qstats.get_wait_s if qstats is not None else 0.0
+            start = clock()
+            try:
+                item = nxt()
+            except StopIteration:
+                return
+            spent = clock() - start
+            if qstats is not None:
+                spent -= qstats.get_wait_s - waited
+            stats.add_busy(spent, 1)
+            yield item, spent
+
+    def _pump_items(self, source, out: Channel, stats: StageStats, upstream) -> None:
+        limit, cap = 1, self.config.max_chunk
+        chunk: List[Any] = []
+        ema = None
+        for item, spent in self._timed(source, stats, upstream):
+            chunk.append(item)
+            ema = spent if ema is None else 0.9 * ema + 0.1 * spent
+            if len(chunk) >= limit:
+                out.put(chunk)
+                chunk = []
+                limit = max(1, min(cap, int(_CHUNK_TARGET_S / ema))) if ema > 0 else cap
+        if chunk:
+            out.put(chunk)
+
+    def _pump_tasks(self, source, out: Channel, stats: StageStats, upstream, stages, pstats: StageStats) -> None:
+        submit, cap = self.pool.submit, self.config.max_chunk
+        ordered = self.config.ordered
+        slots = threading.Semaphore(self.inflight)
+        limit = 1
+        chunk: List[Any] = []
+
+        def deliver(future: Future) -> None:
+            try:
+                out.put(future)
+            except Stopped:
+                pass
+            finally:
+                slots.release()
+
+        def flush() -> None:
+            if ordered:
+                out.put(submit(_run_task, stages, chunk, pstats))
+                return
+            while not slots.acquire(timeout=0.05):
+                if self.stop.is_set():
+                    raise Stopped()
+            submit(_run_task, stages, chunk, pstats).add_done_callback(deliver)
+
+        for item, _spent in self._timed(source, stats, upstream):
+            chunk.append(item)
+            if len(chunk) >= limit:
+                flush()
+                chunk = []
+                per_item = pstats.per_item_s()
+                if per_item:
+                    limit = max(1, min(cap, int(_TASK_TARGET_S / per_item)))
+        if chunk:
+            flush()
+        if not ordered:  # every task has called back before END goes in
+            for _ in range(self.inflight):
+                while not slots.acquire(timeout=0.05):
+                    if self.stop.is_set():
+                        raise Stopped()
+
+    # ---- consumer side -------------------------------------------------------------------
+    def next_chunk(self) -> List[Any]:
+        """The next delivered chunk; raises StopIteration at the end, or the shipped exception."""
+        if self.closed:
+            raise StopIteration
+        channel = self.output
+        try:
+            entry = channel.get()
+            if entry is END:
+                raise StopIteration
+            if isinstance(entry, Failure):
+                raise entry.exc
+            if isinstance(entry, Future):
+                entry = self._result(entry, channel)
+        except BaseException:
+            self.close()
+            raise
+        if entry and entry[-1] is _STOP:
+            entry = entry[:-1]
+            self.close()
+        self.delivered += len(entry)
+        if self.config.log_interval is not None:
+            now = time.perf_counter()
+            if now - self._last_log >= self.config.log_interval:
+                self._last_log = now
+                log.info("shardstream: %s", self.stats().format().replace("\n", " | "))
+        return entry
+
+    def stats(self) -> PipelineStats:
+        wall = time.perf_counter() - self.started
+        source = {}
+        if self.source_stats is not None:
+            now = self.source_stats.snapshot()
+            source = {k: v - self._source_base.get(k, 0) for k, v in now.items()}
+        return PipelineStats(
+            wall_s=wall,
+            delivered=self.delivered,
+            stages=[s.snapshot(wall) for s in self.stage_stats],
+            queues=[c.stats.snapshot() for c in self.channels],
+            source=source,
+            consumer_wait_s=self.output.stats.get_wait_s if self.output is not None else 0.0,
+        )
+
+    def close(self) -> None:
+        """Stop every thread of this run and cancel queued tasks; safe to call repeatedly."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stop.set()
+        for channel in self.channels:
+            for entry in channel.drain():
+                if isinstance(entry, Future):
+                    entry.cancel()
+        current = threading.current_thread()
+        for thread in self.workers:
+            if thread is not current:
+                thread.join(_JOIN_TIMEOUT_S)
+
+
+def _find_source_stats(stages: Sequence[Any]) -> Optional[SourceStats]:
+    for stage in stages:
+        stats = getattr(stage, "source_stats", None)
+        if isinstance(stats, SourceStats):
+            return stats
+    return None
+
+
+class EngineIterator:
+    """The consumer's end of an engine run: an iterator with `stats()` and `close()`."""
+
+    def __init__(self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig) -> None:
+        self._run = _Run(stages, invoke, config)
+        self._chunk: List[Any] = []
+        self._index = 0
+
+    def __iter__(self) -> "EngineIterator":
+        return self
+
+    def __next__(self) -> Any:
+        chunk, index = self._chunk, self._index
+        if index >= len(chunk):
+            while True:
+                chunk = self._run.next_chunk()
+                if chunk:
+                    break
+            self._chunk = chunk
+            index = 0
+        self._index = index + 1
+        return chunk[index]
+
+    def stats(self) -> PipelineStats:
+        return self._run.stats()
+
+    def close(self) -> None:
+        self._run.close()
+
+    def __del__(self) -> None:
+        try:
+            self._run.close()
+        except Exception:  # interpreter shutdown
+            pass

@@ -1,0 +1,208 @@
+"""Observability: per-stage task counts and times, queue waits and occupancy, source bytes/s,
+and a verdict naming the stage that limits throughput.
+
+Counters are updated from several threads; each object guards itself with a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+__all__ = ["PipelineStats", "QueueStats", "SourceStats", "StageStats"]
+
+_RESERVOIR = 4096  # recent task times kept for percentiles
+
+
+class StageStats:
+    """One stage: tasks run, failures, task times; busy time for the utilisation verdict."""
+
+    def __init__(self, name: str, kind: str, workers: int = 1) -> None:
+        self.name = name
+        self.kind = kind  # "parallel" (thread pool) or "stream" (one thread, in order)
+        self.workers = workers
+        self._lock = threading.Lock()
+        self.tasks = 0
+        self.items = 0
+        self.failures = 0
+        self.busy_s = 0.0
+        self._times: deque = deque(maxlen=_RESERVOIR)
+
+    def record(self, seconds: float, items: int = 1, failures: int = 0) -> None:
+        with self._lock:
+            self.tasks += 1
+            self.items += items
+            self.failures += failures
+            self.busy_s += seconds
+            self._times.append(seconds / max(1, items))
+
+    def add_busy(self, seconds: float, items: int = 0) -> None:
+        with self._lock:
+            self.busy_s += seconds
+            self.items += items
+
+    def per_item_s(self) -> Optional[float]:
+        with self._lock:
+            return self.busy_s / self.items if self.items else None
+
+    def snapshot(self, wall_s: float) -> Dict[str, object]:
+        with self._lock:
+            times = sorted(self._times)
+            n = len(times)
+            avg = sum(times) / n if n else None
+            p90 = times[min(n - 1, int(0.9 * n))] if n else None
+            return {
+                "name": self.name,
+                "kind": self.kind,
+                "workers": self.workers,
+                "tasks": self.tasks,
+                "items": self.items,
+                "failures": self.failures,
+                "avg_item_ms": None if avg is None else avg * 1e3,
+                "p90_item_ms": None if p90 is None else p90 * 1e3,
+                "busy_s": self.busy_s,
+                "utilisation": self.busy_s / (wall_s * self.workers) if wall_s > 0 else 0.0,
+            }
+
+
+class QueueStats:
+    """One bounded queue: how long producers waited (full) and consumers waited (empty)."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self.puts = 0
+        self.put_wait_s = 0.0
+        self.get_wait_s = 0.0
+        self._occupancy_sum = 0
+
+    def on_put(self, size_after: int, waited: float) -> None:
+        with self._lock:
+            self.puts += 1
+            self._occupancy_sum += size_after
+            self.put_wait_s += waited
+
+    def on_get(self, waited: float) -> None:
+        if waited:
+            with self._lock:
+                self.get_wait_s += waited
+
+    def snapshot(self) -> Dict[str, object]:
+        with self._lock:
+            return {
+                "name": self.name,
+                "capacity": self.capacity,
+                "puts": self.puts,
+                "avg_occupancy": self._occupancy_sum / self.puts if self.puts else 0.0,
+                "put_wait_s": self.put_wait_s,
+                "get_wait_s": self.get_wait_s,
+            }
+
+
+class SourceStats:
+    """Bytes and shards read by a source stage."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.shards = 0
+        self.samples = 0
+        self.errors = 0
+
+    def add(self, nbytes: int = 0, shards: int = 0, samples: int = 0, errors: int = 0) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.shards += shards
+            self.samples += samples
+            self.errors += errors
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return {"bytes": self.bytes, "shards": self.shards, "samples": self.samples, "errors": self.errors}
+
+    def __getstate__(self) -> Dict[str, int]:  # pipelines pickle (DataLoader spawn); locks do not
+        return self.snapshot()
+
+    def __setstate__(self, state: Dict[str, int]) -> None:
+        self.__init__()
+        self.add(nbytes=state["bytes"], shards=state["shards"], samples=state["samples"], errors=state["errors"])
+
+
+@dataclass
+class PipelineStats:
+    """Everything one engine run measured; `verdict()` names the limiting stage."""
+
+    wall_s: float
+    delivered: int
+    stages: List[Dict[str, object]] = field(default_factory=list)
+    queues: List[Dict[str, object]] = field(default_factory=list)
+    source: Dict[str, int] = field(default_factory=dict)
+    consumer_wait_s: float = 0.0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.delivered / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def source_bytes_per_s(self) -> float:
+        return self.source.get("bytes", 0) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def verdict(self) -> str:
+        """One line: which stage limits throughput, judged by utilisation and queue waits."""
+        if not self.stages or self.wall_s <= 0:
+            return "no data yet"
+        consumer_busy = max(0.0, 1.0 - self.consumer_wait_s / self.wall_s)
+        busiest = max(self.stages, key=lambda s: s["utilisation"])
+        if consumer_busy > 0.8 and consumer_busy > busiest["utilisation"]:
+            return (
+                f"the consumer (training loop) limits throughput: it is busy {consumer_busy:.0%} of the time "
+                "and the loader keeps its queue full"
+            )
+        what = "threads" if busiest["kind"] == "parallel" else "thread"
+        return (
+            f"stage '{busiest['name']}' limits throughput: its {busiest['workers']} {what} are busy "
+            f"{busiest['utilisation']:.0%} of the time"
+        )
+
+    def as_dict(self) -> Dict[str, object]:
+        return {
+            "wall_s": self.wall_s,
+            "delivered": self.delivered,
+            "items_per_s": self.items_per_s,
+            "source_bytes_per_s": self.source_bytes_per_s,
+            "consumer_wait_s": self.consumer_wait_s,
+            "stages": self.stages,
+            "queues": self.queues,
+            "source": self.source,
+            "verdict": self.verdict(),
+        }
+
+    def format(self) -> str:
+        """A small table for humans."""
+        lines = [
+            f"{self.delivered} items in {self.wall_s:.2f}s = {self.items_per_s:.1f}/s; "
+            f"source {self.source_bytes_per_s / 1e6:.1f} MB/s",
+            f"{'stage':<34}{'kind':<10}{'items':>8}{'fail':>6}{'avg ms':>9}{'p90 ms':>9}{'util':>7}",
+        ]
+        for s in self.stages:
+            avg = "-" if s["avg_item_ms"] is None else f"{s['avg_item_ms']:.3f}"
+            p90 = "-" if s["p90_item_ms"] is None else f"{s['p90_item_ms']:.3f}"
+            lines.append(
+                f"{str(s['name'])[:33]:<34}{s['kind']:<10}{s['items']:>8}{s['failures']:>6}{avg:>9}{p90:>9}"
+                f"{s['utilisation']:>7.0%}"
+            )
+        for q in self.queues:
+            lines.append(
+                f"queue {q['name']}: avg occupancy {q['avg_occupancy']:.1f}/{q['capacity']}, "
+                f"producer waited {q['put_wait_s']:.2f}s, consumer waited {q['get_wait_s']:.2f}s"
+            )
+        lines.append("verdict: " + self.verdict())
+        return "\n".join(lines)
+
+
+def now() -> float:
+    return time.perf_counter()
