@@ -1,0 +1,125 @@
+"""Child process: time the passes of one configuration and write the figures as JSON.
+
+Run by `harness.run_config` as `python measure.py SPEC.json RESULT.json`, in a fresh interpreter per
+configuration, so imports, memory and caches of one configuration never touch another.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from dataclasses import asdict
+
+import psutil
+
+from harness import Config, Rep
+
+__all__ = ["PssSampler", "process_tree_cpu", "timed_pass", "warm_page_cache"]
+
+
+def warm_page_cache(paths: list[str], chunk: int = 1 << 20) -> None:
+    """Read every file once, so that all configurations start with the shards in the page cache."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as stream:
+            while stream.read(chunk):
+                pass
+
+
+def process_tree_cpu() -> float:
+    """User+sys CPU seconds of this process, its reaped children, and its children still running."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:  # exited between listing and reading
+            pass
+    return total
+
+
+def tree_pss(process: psutil.Process) -> int:
+    """PSS bytes of `process` and all its descendants (shared pages are split fairly between them)."""
+    total = 0
+    for proc in [process, *process.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total
+
+
+class PssSampler(threading.Thread):
+    """Sample the process tree's PSS every `interval` seconds; keep the peak and the thread's own CPU."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        super().__init__(name="pss-sampler", daemon=True)
+        self.interval = interval
+        self.peak = 0
+        self.own_cpu_s = 0.0
+        self._stop_event = threading.Event()
+        self._process = psutil.Process()
+
+    def run(self) -> None:
+        while True:
+            self.peak = max(self.peak, tree_pss(self._process))
+            if self._stop_event.wait(self.interval):
+                break
+        self.own_cpu_s = time.thread_time()
+
+    def stop(self) -> None:
+        """Stop sampling and wait for the thread to end."""
+        self._stop_event.set()
+        self.join()
+
+
+def timed_pass(start_pass, count) -> Rep:
+    """Run one pass; `start_pass()` returns the iterable, `count(item)` its (samples, bytes)."""
+    gc.collect()
+    sampler = PssSampler()
+    sampler.start()
+    cpu_start = process_tree_cpu()
+    started = time.perf_counter()
+    first = None
+    samples = nbytes = 0
+    item = None
+    iterator = iter(start_pass())
+    for item in iterator:
+        if first is None:
+            first = time.perf_counter() - started
+        n, b = count(item)
+        samples += n
+        nbytes += b
+    del iterator, item  # lets DataLoader workers exit before the clock stops
+    wall = time.perf_counter() - started
+    cpu = process_tree_cpu() - cpu_start
+    sampler.stop()
+    return Rep(samples=samples, bytes=nbytes, wall_s=wall, first_s=first if first is not None else wall,
+               cpu_s=max(0.0, cpu - sampler.own_cpu_s), peak_pss_mb=sampler.peak / 2**20)
+
+
+def main(spec_path: str, result_path: str) -> None:
+    """Read the spec, warm the page cache, set the workload up, time the repetitions, write JSON."""
+    with open(spec_path) as stream:
+        spec = json.load(stream)
+    config = Config(**spec["config"])
+    warm_page_cache(spec["urls"])
+    workload = importlib.import_module(config.workload)
+    started = time.perf_counter()
+    start_pass = workload.make_pass(config, spec["urls"])
+    setup = time.perf_counter() - started
+    reps = [timed_pass(start_pass, workload.count) for _ in range(spec["repeat"])]
+    with open(result_path + ".tmp", "w") as stream:
+        json.dump({"setup_s": setup, "reps": [asdict(r) for r in reps]}, stream)
+    os.replace(result_path + ".tmp", result_path)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

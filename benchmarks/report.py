@@ -1,0 +1,104 @@
+"""Present benchmark results: the table on stdout, results.json, and a bar plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from harness import Result
+
+__all__ = ["baseline_of", "format_table", "plot", "write_json"]
+
+COLUMNS = ("workload", "config", "samples/s", "ratio", "first ms", "CPU s/1k", "peak PSS MB")
+COLOURS = {"webdataset": "#8c8c8c", "shardstream": "#1f77b4", "limit": "#2ca02c"}
+
+
+def baseline_of(results: list[Result], workload: str) -> Optional[Result]:
+    """The fastest successful webdataset configuration of `workload`: what ratios are measured against."""
+    candidates = [r for r in results if r.config.workload == workload and r.config.library == "webdataset"
+                  and r.error is None and r.best]
+    return max(candidates, key=lambda r: r.rate, default=None)
+
+
+def ratio(result: Result, results: list[Result]) -> Optional[float]:
+    """`result`'s rate over its workload's baseline rate, or None when either is missing."""
+    base = baseline_of(results, result.config.workload)
+    if base is None or result.error or not result.best:
+        return None
+    return result.rate / base.rate
+
+
+def row(result: Result, results: list[Result]) -> list[str]:
+    """One table row; a failed configuration shows its error instead of figures."""
+    config, best = result.config, result.best
+    if result.error or best is None:
+        return [config.workload, config.name, f"FAILED: {result.error}", "", "", "", ""]
+    scaled = config.rate_scale != 1  # the limit: per-pass figures are of one thread, not comparable
+    rel = ratio(result, results)
+    return [
+        config.workload,
+        config.name,
+        f"{result.rate:,.0f}",
+        "-" if rel is None else f"{rel:.2f}x",
+        "-" if scaled else f"{1000 * best.first_s:.0f}",
+        "-" if scaled else f"{1000 * best.cpu_s / best.samples:.2f}",
+        "-" if scaled else f"{result.peak_pss_mb:.0f}",
+    ]
+
+
+def format_table(results: list[Result], header: str) -> str:
+    """The results as an aligned text table under `header`, with a footer naming the baselines."""
+    rows = [list(COLUMNS)] + [row(r, results) for r in results]
+    widths = [max(len(r[i]) for r in rows if len(r[i]) < 40) for i in range(len(COLUMNS))]
+    lines = [header, ""]
+    for cells in rows:
+        padded = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        lines.append("  ".join(padded).rstrip())
+        if cells is rows[0]:
+            lines.append("  ".join("-" * w for w in widths))
+    bases = {r.config.workload: baseline_of(results, r.config.workload) for r in results}
+    names = ", ".join(f"{w}: {b.config.name if b else 'none'}" for w, b in bases.items())
+    lines += ["", f"ratio = samples/s over the fastest webdataset config of the workload ({names})"]
+    return "\n".join(lines)
+
+
+def write_json(results: list[Result], meta: dict, path: Path) -> None:
+    """Write the run's metadata and every configuration's repetitions and summary to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, "results": [r.to_json() for r in results]}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def plot(results: list[Result], header: str, path: Path) -> None:
+    """A horizontal bar chart of samples/s, one panel per workload, bars labelled with their ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.config.workload for r in results))
+    heights = [sum(r.config.workload == w for r in results) for w in workloads]
+    fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 1.2 + 0.45 * sum(heights) + 0.6 * len(workloads)),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    for ax, workload in zip(axes[:, 0], workloads):
+        shown = [r for r in results if r.config.workload == workload]
+        names = [r.config.name for r in shown]
+        rates = [r.rate for r in shown]
+        bars = ax.barh(names, rates, color=[COLOURS.get(r.config.library, "#999") for r in shown])
+        for bar, result in zip(bars, shown):
+            if result.config.library == "limit":
+                bar.set_hatch("//")
+                bar.set_alpha(0.6)
+            rel = ratio(result, results)
+            label = "failed" if result.error else ("" if rel is None else f" {rel:.2f}x")
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{workload}: samples/s (higher is better)", fontsize=10, loc="left")
+        ax.set_xlim(0, max(rates + [1]) * 1.15)
+        ax.tick_params(labelsize=8)
+    fig.suptitle(header, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
