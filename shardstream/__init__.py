@@ -4,6 +4,7 @@
 """
 
 from . import autodecode, cache, compat, filters, gopen, handlers, mix, pipeline, shardlists, tariterators, utils
+from ._config import EngineConfig, engine_defaults, set_engine_defaults
 from ._decode import allow_pickle
 from ._errors import (
     FetchError,
@@ -17,6 +18,7 @@ from ._errors import (
 from ._open import allow_pipe
 from ._samples import TarShardSamples
 from ._shim import install_as_webdataset
+from ._stats import PipelineStats
 from ._tar import TarMember, TarReader
 from .autodecode import (
     Continue,
@@ -92,6 +94,7 @@ __all__ = [
     "DataPipeline",
     "Decoder",
     "DecodingError",
+    "EngineConfig",
     "FetchError",
     "FetchTimeout",
     "FluidInterface",
@@ -103,6 +106,7 @@ __all__ = [
     "MultiShardSample",
     "NetworkError",
     "PipelineStage",
+    "PipelineStats",
     "RandomMix",
     "ResampledShards",
     "RoundRobin",
@@ -126,6 +130,7 @@ __all__ = [
     "compat",
     "decode",
     "detshuffle",
+    "engine_defaults",
     "extract_keys",
     "filters",
     "getfirst",
@@ -156,6 +161,7 @@ __all__ = [
     "resampled",
     "rsample",
     "select",
+    "set_engine_defaults",
     "shardlists",
     "shardspec",
     "shuffle",

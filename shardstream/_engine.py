@@ -241,7 +241,7 @@ class _Run:
             spent = clock() - start
             if qstats is not None:
                 spent -= qstats.get_wait_s - waited
-            stats.add_busy(spent, 1)
+            stats.record(spent)
             yield item, spent
 
     def _pump_items(self, source, out: Channel, stats: StageStats, upstream) -> None:

@@ -274,10 +274,8 @@ class TarReader:
             typ = b"5"  # old tar formats mark directories with a trailing slash only
         if typ == b"5":
             name = name.rstrip("/")
-        if typ not in _GNU_TYPES:
-            prefix = _text(hdr[345:500])
-            if prefix:
-                name = prefix + "/" + name
+        if hdr[345] and typ not in _GNU_TYPES:
+            name = _text(hdr[345:500]) + "/" + name
         ext = self._ext
 
         if typ in _EXTENSIONS:
@@ -371,13 +369,15 @@ def _number(field: bytes) -> int:
 
 def _checksum_ok(hdr: bytes) -> bool:
     """Exact header checksum check, unsigned or signed bytes (old tars used signed char)."""
+    field = hdr[148:156]
     try:
-        stored = _number(hdr[148:156])
+        stored = _number(field)
     except ValueError:
         return False
-    # Each 256-byte half sums to at most 65280 < 65521, so adler32's low half is exact here.
+    # adler32's low 16 bits are (1 + byte sum) mod 65521: exact for up to 65520 // 255 bytes of
+    # any value, so sum each 256-byte half separately.
     total = (zlib.adler32(hdr[:256]) & 0xFFFF) + (zlib.adler32(hdr[256:]) & 0xFFFF) - 2
-    if stored == total - sum(hdr[148:156]) + 256:
+    if stored == total - sum(field) + 256:
         return True
     return stored == 256 + sum(struct.unpack_from("148b8x356b", hdr))
 

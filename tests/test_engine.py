@@ -1,0 +1,214 @@
+"""The engine: ordering, fusion, errors with stage names, handlers, bounded memory, stats,
+prompt and complete shutdown, DataLoader workers and pickling."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import threading
+import time
+import traceback
+import warnings
+
+import pytest
+
+import shardstream as wds
+from shardstream._engine import split_segments
+
+warnings.filterwarnings("ignore", message=".*shardshuffle.*")
+
+
+def keys(items):
+    return [x["__key__"] if isinstance(x, dict) else x for x in items]
+
+
+def test_segments_fuse_consecutive_sample_stages():
+    ds = wds.DataPipeline(
+        wds.SimpleShardList(["a"]), wds.tarfile_to_samples(), wds.decode(), wds.map(len), wds.batched(2), wds.map(len)
+    )
+    kinds = [(s.kind, len(s.stages)) for s in split_segments(ds.pipeline)]
+    assert kinds == [("stream", 2), ("parallel", 2), ("stream", 1), ("parallel", 1)]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_ordered_output_equals_sequential(shardset, threads):
+    def build():
+        return wds.WebDataset(shardset, shardshuffle=False).decode().map(lambda s: {**s, "n": len(s)})
+
+    sequential = list(build().with_engine(enabled=False))
+    engine = list(build().with_engine(threads=threads))
+    assert keys(engine) == keys(sequential)
+    assert [s["n"] for s in engine] == [s["n"] for s in sequential]
+
+
+def test_unordered_output_has_the_same_samples(shardset):
+    def slow_on_some(sample):
+        if sample["__key__"].endswith("3"):
+            time.sleep(0.01)
+        return sample
+
+    ds = wds.WebDataset(shardset, shardshuffle=False).map(slow_on_some)
+    expected = sorted(keys(ds.with_engine(enabled=False)))
+    got = keys(ds.with_engine(threads=4, ordered=False))
+    assert sorted(got) == expected
+
+
+def test_user_exception_names_the_stage_and_keeps_the_traceback(shardset):
+    def explode(sample):
+        raise KeyError("boom in user code")
+
+    ds = wds.WebDataset(shardset, shardshuffle=False).map(explode)
+    with pytest.raises(KeyError) as info:
+        list(ds)
+    notes = getattr(info.value, "__notes__", [])
+    assert any("map(explode)" in n for n in notes) or not hasattr(info.value, "add_note")
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "explode" in frames
+
+
+def test_handlers_keep_their_meaning_on_the_engine(shardset):
+    def fail_some(sample):
+        if sample["__key__"] in ("s0002", "s0005"):
+            raise ValueError("bad sample")
+        return sample
+
+    ds = wds.WebDataset(shardset, shardshuffle=False)
+    with pytest.warns(UserWarning):
+        skipped = keys(ds.map(fail_some, handler=wds.warn_and_continue))
+    assert "s0002" not in skipped and "s0005" not in skipped and "s0006" in skipped
+    stopped = keys(ds.map(fail_some, handler=wds.ignore_and_stop))
+    assert stopped == ["s0000", "s0001"]
+
+
+def test_exception_in_a_stream_stage_reaches_the_consumer(shardset):
+    def bad_stream(src):
+        for i, x in enumerate(src):
+            if i == 3:
+                raise RuntimeError("stream stage failed")
+            yield x
+
+    with pytest.raises(RuntimeError, match="stream stage failed"):
+        list(wds.WebDataset(shardset, shardshuffle=False).compose(bad_stream).map(len))
+
+
+def test_memory_is_bounded_with_a_slow_consumer():
+    produced = []
+
+    def source():
+        for i in range(100000):
+            produced.append(i)
+            yield {"__key__": str(i), "x": b"."}
+
+    ds = wds.DataPipeline(source, wds.map(lambda s: s), wds.batched(4)).with_engine(threads=2, max_chunk=8, queue_chunks=2)
+    it = iter(ds)
+    next(it)
+    time.sleep(0.5)
+    # source -> (<= inflight tasks of <= max_chunk) -> batched -> (<= queue_chunks chunks of <= max_chunk batches)
+    bound = 4 * 8 + 8 + 2 * 8 * 4 + 64
+    assert len(produced) <= bound, len(produced)
+    it.close()
+
+
+def test_stats_are_structured_and_name_the_bottleneck(shardset):
+    def slow(sample):
+        time.sleep(0.002)
+        return sample
+
+    total = len(list(wds.WebDataset(shardset, shardshuffle=False)))
+    ds = wds.WebDataset(shardset, shardshuffle=False).map(slow).listed(4)
+    it = iter(ds)
+    n = sum(len(b) for b in it)
+    stats = it.stats()
+    assert n == total and stats.delivered == (total + 3) // 4
+    by_kind = {s["kind"]: s for s in stats.stages}
+    assert by_kind["parallel"]["items"] == total
+    assert by_kind["parallel"]["avg_item_ms"] >= 1.5 and by_kind["parallel"]["p90_item_ms"] >= 1.5
+    assert stats.source["bytes"] == sum(os.path.getsize(p) for p in shardset)
+    assert stats.source["shards"] == len(shardset)
+    assert "map(slow)" in stats.verdict()
+    assert ds.stats() is not None and "verdict" in ds.stats().as_dict()
+    assert "verdict:" in stats.format()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_abandoned_iterators_release_threads_and_files(shardset):
+    ds = wds.WebDataset(shardset, shardshuffle=False).decode().map(lambda s: s)
+    for it in (iter(ds), iter(ds)):  # warm up the shared pool
+        next(it)
+    del it
+    gc.collect()
+    time.sleep(0.2)
+    threads0, fds0 = threading.active_count(), _fds()
+    for i in range(1000):
+        it = iter(ds)
+        for _ in range(i % 7):
+            next(it)
+        if i % 3 == 0:
+            it.close()
+        del it  # garbage-collected mid-stream
+    gc.collect()
+    deadline = time.time() + 10
+    while time.time() < deadline and (threading.active_count() > threads0 or _fds() > fds0):
+        time.sleep(0.1)
+    assert threading.active_count() <= threads0
+    assert _fds() <= fds0
+
+
+def test_break_and_keyboard_interrupt_stop_promptly(shardset):
+    ds = wds.WebDataset(shardset, shardshuffle=False).map(lambda s: s)
+    base = threading.active_count()
+    start = time.time()
+    try:
+        for i, _ in enumerate(ds):
+            if i == 5:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    gc.collect()
+    while threading.active_count() > base and time.time() - start < 5:
+        time.sleep(0.05)
+    assert threading.active_count() <= base
+    assert time.time() - start < 5
+
+
+def test_engine_is_configurable_globally_and_per_dataset(shardset):
+    previous = wds.engine_defaults()
+    try:
+        wds.set_engine_defaults(threads=3)
+        assert wds.WebDataset(shardset, shardshuffle=False).resolved_engine_config().threads == 3
+        assert wds.WebDataset(shardset, shardshuffle=False).with_engine(threads=1).resolved_engine_config().threads == 1
+    finally:
+        wds.set_engine_defaults(**{k: getattr(previous, k) for k in ("threads", "ordered", "enabled")})
+    with pytest.raises(ValueError):
+        wds.EngineConfig(threads=0)
+
+
+def test_pipelines_pickle(shardset):
+    ds = wds.WebDataset(shardset, shardshuffle=False).decode().to_tuple("__key__", "cls", handler=wds.ignore_and_continue)
+    list(ds)  # stats objects exist now; pickling must still work
+    clone = pickle.loads(pickle.dumps(ds))
+    assert list(clone) == list(ds)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_workers_run_the_engine(shardset, num_workers):
+    import torch.utils.data
+
+    ds = wds.WebDataset(shardset, shardshuffle=False).decode().to_tuple("__key__", handler=wds.ignore_and_continue)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=num_workers)
+    got = sorted(k for (k,) in loader)
+    expected = sorted(k for (k,) in ds)
+    assert got == expected
+    plain = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers)
+    assert sorted(k for (k,) in plain) == expected
+
+
+def test_with_epoch_restarts_passes_on_the_engine(shardset):
+    ds = wds.WebDataset(shardset, shardshuffle=False).with_epoch(150)
+    first = keys(ds)
+    assert len(first) == 150
+    assert keys(ds) == first
