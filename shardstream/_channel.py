@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ._stats import QueueStats
 
-__all__ = ["END", "Channel", "Failure", "Stopped"]
+__all__ = ["Channel", "END", "Failure", "Stopped"]
 
 _POLL_S = 0.05
 

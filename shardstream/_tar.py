@@ -300,13 +300,14 @@ class TarReader:
             if typ == b"L":
                 if ext.name is None:
                     ext.name = _text(payload)
-            elif typ != b"K":  # PAX: records on top of the global ones in effect now
-                pax = {**self._global, **records}
-                if ext.name is None and "path" in pax:
-                    ext.name = pax["path"].rstrip("/")
-                if ext.size is None and "size" in pax:
-                    ext.size = pax["size"]
-                ext.sparse = ext.sparse or any(key.startswith("GNU.sparse.") for key in pax)
+            elif typ != b"K":  # PAX: its records over the global ones in effect now
+                glob = self._global
+                if ext.name is None:
+                    path = records.get("path", glob.get("path"))
+                    ext.name = None if path is None else path.rstrip("/")
+                if ext.size is None:
+                    ext.size = records.get("size", glob.get("size"))
+                ext.sparse = ext.sparse or any(_changes_member(key) and key[0] == "G" for key in records)
             return stop
 
         # A member header: global PAX records first, then the extension headers before it.
