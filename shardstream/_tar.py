@@ -307,7 +307,7 @@ class TarReader:
                     ext.name = None if path is None else path.rstrip("/")
                 if ext.size is None:
                     ext.size = records.get("size", glob.get("size"))
-                ext.sparse = ext.sparse or any(_changes_member(key) and key[0] == "G" for key in records)
+                ext.sparse = ext.sparse or any(key.startswith("GNU.sparse.") for key in records)
             return stop
 
         # A member header: global PAX records first, then the extension headers before it.

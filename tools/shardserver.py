@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import os
 import random
 import re
 import select
@@ -107,7 +108,8 @@ class ServerOptions:
     names raise AttributeError. The fault rates are probabilities of disjoint events: one draw per
     request picks at most one fault, so they must sum to at most 1. ``fail_first={path: n}`` gives
     `fail_first_fault` to the first n requests for path (URL path without the leading /) that
-    would otherwise succeed, counted from when fail_first was assigned.
+    would otherwise succeed, counted from when fail_first was assigned; likewise assigning a new
+    `seed` restarts the fault draws.
     """
 
     latency_ms: float = _opt(0.0, float, "delay before every response, in milliseconds")
@@ -124,7 +126,9 @@ class ServerOptions:
     stall_abort: bool = _opt(False, bool, "reset the connection after a stall instead of resuming")
     truncate_rate: float = _opt(0.0, float, "probability of a clean close mid-body")
     wrong_length_rate: float = _opt(0.0, float, "probability of a Content-Length beyond the body")
-    cut_fraction: float | None = _opt(None, float, "body faults cut here, in [0, 1) (default: random)")
+    cut_fraction: float | None = _opt(
+        None, float, "where body faults cut, in [0, 1) (default: random)"
+    )
     fail_first: Mapping[str, int] = _opt({}, _parse_fail_first, "PATH=N: fault N requests for PATH")
     fail_first_fault: str = _opt("status", str, f"the fault --fail-first injects: {FAULT_KINDS}")
     require_token: str | None = _opt(None, str, "answer 403 unless the query has ?token=THIS")
@@ -270,7 +274,7 @@ class _FileHandler:
         if fault == "throttle":
             headers = {hdrs.RETRY_AFTER: str(opts.retry_after)}
             return web.Response(status=429, text="injected throttle\n", headers=headers)
-        return await self._send_file(request, opts, target, info.st_size, span, fault)
+        return await self._send_file(request, opts, target, info, span, fault)
 
     def _choose_fault(self, opts: ServerOptions, rel_path: str, method: str) -> str | None:
         # Assigning a seed or a fail_first schedule restarts it, so tests can set them up live.
@@ -295,15 +299,15 @@ class _FileHandler:
         request: web.Request,
         opts: ServerOptions,
         target: Path,
-        size: int,
+        info: os.stat_result,
         span: tuple[int, int] | None,
         fault: str | None,
     ) -> web.StreamResponse:
-        start, end = span if span else (0, size - 1)
+        start, end = span if span else (0, info.st_size - 1)
         length = end - start + 1
-        response = web.StreamResponse(status=206 if span else 200, headers=_file_headers(target))
+        response = web.StreamResponse(status=206 if span else 200, headers=_file_headers(info))
         if span:
-            response.headers[hdrs.CONTENT_RANGE] = f"bytes {start}-{end}/{size}"
+            response.headers[hdrs.CONTENT_RANGE] = f"bytes {start}-{end}/{info.st_size}"
         response.content_length = length + (_WRONG_LENGTH_EXTRA if fault == "wrong_length" else 0)
         await response.prepare(request)
         if request.method == "HEAD":
@@ -435,8 +439,7 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def _file_headers(target: Path) -> dict[str, str]:
-    info = target.stat()
+def _file_headers(info: os.stat_result) -> dict[str, str]:
     return {
         hdrs.ACCEPT_RANGES: "bytes",
         hdrs.CONTENT_TYPE: "application/octet-stream",

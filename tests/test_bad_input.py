@@ -1,0 +1,119 @@
+"""Corrupt, truncated, missing and non-tar shards: a clear error under the default handler,
+skipped with a warning under warn_and_continue; nothing hangs, nothing half-delivered."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+import shardstream as wds
+from shardsets import sample_members, write_tar
+
+warnings.filterwarnings("ignore", message=".*shardshuffle.*")
+
+
+@pytest.fixture()
+def shards(tmp_path):
+    good1 = write_tar(str(tmp_path / "good1.tar"), [m for i in range(5) for m in sample_members(i)])
+    good2 = write_tar(str(tmp_path / "good2.tar"), [m for i in range(10, 15) for m in sample_members(i)])
+    raw = open(good1, "rb").read()
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(raw[: len(raw) // 2 + 100])
+    corrupt = tmp_path / "corrupt.tar"
+    data = bytearray(raw)
+    # corrupt the checksum of the third member's header deterministically
+    import tarfile, io
+
+    offsets = [m.offset for m in tarfile.open(fileobj=io.BytesIO(raw))]
+    data[offsets[6] + 10] ^= 0x5A
+    corrupt.write_bytes(bytes(data))
+    notar = tmp_path / "notar.tar"
+    notar.write_bytes(b"<html>not a tar file</html>" * 40)
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    return {
+        "good1": good1,
+        "good2": good2,
+        "truncated": str(truncated),
+        "corrupt": str(corrupt),
+        "notar": str(notar),
+        "empty": str(empty),
+        "missing": str(tmp_path / "missing.tar"),
+        "offset6": offsets[6],
+    }
+
+
+@pytest.mark.parametrize("bad", ["truncated", "corrupt", "notar", "empty", "missing"])
+def test_default_handler_raises_an_error_that_says_where(shards, bad):
+    ds = wds.WebDataset([shards["good1"], shards[bad], shards["good2"]], shardshuffle=False)
+    with pytest.raises(wds.ShardStreamError) as info:
+        list(ds)
+    exc = info.value
+    assert exc.url == shards[bad]
+    assert shards[bad] in str(exc)
+    if bad == "missing":
+        assert isinstance(exc, FileNotFoundError)
+    else:
+        assert isinstance(exc, wds.FormatError) and exc.offset is not None
+    if bad == "corrupt":
+        assert exc.offset == shards["offset6"]
+
+
+@pytest.mark.parametrize("bad", ["truncated", "corrupt", "notar", "empty", "missing"])
+def test_warn_and_continue_skips_the_bad_shard(shards, bad):
+    ds = wds.WebDataset([shards["good1"], shards[bad], shards["good2"]], shardshuffle=False, handler=wds.warn_and_continue)
+    with pytest.warns(UserWarning):
+        samples = list(ds)
+    keys = [s["__key__"] for s in samples]
+    good = [f"s{i:04d}" for i in range(5)] + [f"s{i:04d}" for i in range(10, 15)]
+    for k in good:
+        assert k in keys
+    # Whatever came from the bad shard is complete: every sample has all four fields.
+    for s in samples:
+        assert {"jpg", "cls", "json", "txt"} <= set(s), s["__key__"]
+
+
+def test_duplicate_field_is_a_format_error_with_member_and_offset(tmp_path):
+    path = write_tar(str(tmp_path / "dup.tar"), [("a.txt", b"1"), ("a.txt", b"2")])
+    with pytest.raises(wds.FormatError) as info:
+        list(wds.WebDataset(path, shardshuffle=False))
+    assert info.value.member == "a.txt" and info.value.offset == 1024
+
+
+def test_pipe_urls_are_refused_unless_enabled(tmp_path, shards, monkeypatch):
+    url = f"pipe:cat {shards['good1']}"
+    with pytest.raises(wds.UsageError, match="allow_pipe"):
+        list(wds.WebDataset(url, shardshuffle=False))
+    assert len(list(wds.WebDataset(url, shardshuffle=False, allow_pipe=True))) == 5
+    monkeypatch.setenv("SHARDSTREAM_ALLOW_PIPE", "1")
+    assert len(list(wds.WebDataset(url, shardshuffle=False))) == 5
+    monkeypatch.delenv("SHARDSTREAM_ALLOW_PIPE")
+    wds.allow_pipe(True)
+    try:
+        assert len(list(wds.WebDataset(url, shardshuffle=False))) == 5
+        with wds.gopen(url) as stream:
+            assert stream.read(512)
+    finally:
+        wds.allow_pipe(False)
+    with pytest.raises(wds.UsageError):
+        wds.gopen(url)
+
+
+def test_failing_pipe_command_is_an_error(tmp_path):
+    url = f"pipe:cat {tmp_path}/nope.tar"
+    with pytest.raises(wds.ShardStreamError):
+        list(wds.WebDataset(url, shardshuffle=False, allow_pipe=True))
+
+
+def test_fsspec_urls_work(shards):
+    import fsspec
+
+    with fsspec.open("memory://bucket/good1.tar", "wb") as f:
+        f.write(open(shards["good1"], "rb").read())
+    samples = list(wds.WebDataset("memory://bucket/good1.tar", shardshuffle=False))
+    assert [s["__key__"] for s in samples] == [f"s{i:04d}" for i in range(5)]
+    assert "__local_path__" not in samples[0]
+    with pytest.raises(wds.ShardNotFound):
+        list(wds.WebDataset("memory://bucket/nothere.tar", shardshuffle=False))

@@ -1,0 +1,48 @@
+"""The error tree, locations in messages, redaction, pickling."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from shardstream import FetchError, FormatError, ShardNotFound, ShardStreamError, UsageError
+from shardstream._errors import redact_url
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("https://user:hunter2@host/a.tar", "https://***@host/a.tar"),
+        ("s3://bucket/a.tar?X-Amz-Signature=abc&x=1", "s3://bucket/a.tar?X-Amz-Signature=***&x=1"),
+        ("http://h/a.tar?token=secret", "http://h/a.tar?token=***"),
+        ("/plain/path.tar", "/plain/path.tar"),
+    ],
+)
+def test_redaction(url, expected):
+    assert redact_url(url) == expected
+
+
+def test_location_in_message_and_attributes():
+    exc = FormatError("bad tar header", url="https://u:p@h/x.tar", member="a.jpg", offset=1024)
+    assert "https://***@h/x.tar" in str(exc) and "a.jpg" in str(exc) and "1024" in str(exc)
+    assert "p@" not in str(exc)
+    assert (exc.member, exc.offset) == ("a.jpg", 1024)
+
+
+def test_tree_and_stdlib_bases():
+    assert issubclass(FormatError, ValueError) and issubclass(FormatError, ShardStreamError)
+    assert issubclass(ShardNotFound, FileNotFoundError) and issubclass(ShardNotFound, FetchError)
+    assert issubclass(FetchError, OSError) and issubclass(UsageError, ValueError)
+
+
+def test_with_location_fills_only_unknown_fields():
+    exc = FormatError("x", offset=5).with_location(url="u", offset=9, member="m")
+    assert (exc.url, exc.member, exc.offset) == ("u", "m", 5)
+    assert "url=u" in str(exc)
+
+
+def test_errors_pickle_with_their_location():
+    exc = ShardNotFound("shard not found", url="http://a:b@h/x.tar", offset=0)
+    clone = pickle.loads(pickle.dumps(exc))
+    assert type(clone) is ShardNotFound and str(clone) == str(exc) and clone.url == exc.url
