@@ -12,7 +12,6 @@ import io
 import pathlib
 import random
 import tarfile
-import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -183,7 +182,7 @@ def test_truncated_gzip_at_every_position(name):
         members, error = feed_until_error(archive[:cut])
         assert members == ref[: len(members)]
         assert error is not None and error.url == URL, cut
-        assert ("truncated gzip" in error.message) or cut < 10, (cut, error)
+        assert "truncated gzip" in error.message or cut < 2, (cut, error)  # 0, 1: no gzip yet
 
 
 # --- corrupt input: each error names the URL, the offset and (when known) the member ---------
