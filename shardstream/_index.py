@@ -12,7 +12,7 @@ import os
 from typing import Dict, Iterable, List, Tuple
 
 from ._keys import base_plus_ext, is_meta
-from ._samples import iter_members
+from ._members import iter_members
 
 __all__ = ["ShardSummary", "read_index", "scan_shard", "write_index", "write_sizes"]
 

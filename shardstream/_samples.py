@@ -6,32 +6,25 @@ generators). `TarShardSamples` is the pipeline stage that opens each URL and run
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 from urllib.parse import urlparse
 
 from ._errors import FormatError, ShardStreamError
 from ._keys import base_plus_ext, is_meta
-from ._open import iter_chunks
+from ._members import member_batches
+from ._open import iter_chunks, local_path_of
 from ._stages import PipelineStage
 from ._stats import SourceStats
-from ._tar import TarReader
+from ._tar import TarMember
 from .handlers import reraise_exception
 
-__all__ = ["TarShardSamples", "iter_members", "shard_samples", "source_url"]
+__all__ = ["TarShardSamples", "shard_samples", "source_url"]
 
 Handler = Callable[[BaseException], bool]
 
 
-def iter_members(chunks: Iterable[bytes], url: Optional[str] = None) -> Iterator[Any]:
-    """The regular members of a shard given as byte chunks (raises FormatError)."""
-    reader = TarReader(url)
-    for chunk in chunks:
-        yield from reader.feed(chunk)
-    yield from reader.close()
-
-
 def shard_samples(
-    chunks: Iterable[bytes],
+    batches: Iterable[List[TarMember]],
     url: str,
     *,
     local_path: Optional[str] = None,
@@ -39,21 +32,16 @@ def shard_samples(
     rename_files: Optional[Callable[[str], str]] = None,
     handler: Handler = reraise_exception,
 ) -> Iterator[Dict[str, Any]]:
-    """Yield the samples of one shard, given its bytes in chunks of any size.
+    """Yield the samples of one shard, given its members in batches (see `_members`).
 
     Consecutive members with the same key form a sample; samples never span shards. A format or
     fetch error propagates (the caller's handler decides about the shard); the sample being
     assembled when it happens is dropped, never yielded incomplete. Per-member errors
     (rename_files, duplicate fields) go to `handler`.
     """
-    reader = TarReader(url)
-    feed = reader.feed
     current: Optional[Dict[str, Any]] = None
     current_key: Optional[str] = None
-    chunks = iter(chunks)
-    while True:
-        chunk = next(chunks, None)
-        members = feed(chunk) if chunk is not None else reader.close()
+    for members in batches:
         for name, data, offset in members:
             try:
                 if name.startswith("__") and is_meta(name):
@@ -88,8 +76,6 @@ def shard_samples(
                     continue
                 current = None
                 return
-        if chunk is None:
-            break
     if current is not None:
         yield current
 
@@ -146,53 +132,53 @@ class TarShardSamples(PipelineStage):
         self.opener = opener
 
     def open(self, url: str) -> Iterable[bytes]:
+        """The shard's bytes in chunks (the opener, or local files / pipe: / fsspec)."""
         if self.opener is not None:
             return self.opener(url)
         return iter_chunks(url, allow_pipe=self.allow_pipe)
 
-    def _counted(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        add = self.source_stats.add
+    def batches(self, url: str) -> Iterator[List[TarMember]]:
+        """The shard's members in batches; local files are mapped unless an opener is set."""
+        mappable = local_path_of(url) if self.opener is None else None
+        return member_batches(url, mappable, self.open, self.source_stats)
+
+    def _shard(self, url: str, local_path: Optional[str]) -> Iterator[Dict[str, Any]]:
+        """The samples of one shard (runs in the caller's thread or a shard job's)."""
+        batches = self.batches(url)
+        samples = shard_samples(
+            batches,
+            url,
+            local_path=local_path,
+            select_files=self.select_files,
+            rename_files=self.rename_files,
+            handler=self.handler,
+        )
         try:
-            for chunk in chunks:
-                add(nbytes=len(chunk))
-                yield chunk
+            yield from samples
         finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
+            samples.close()
+            batches.close()
+
+    def _failed(self, exn: Exception, url: str) -> bool:
+        """Apply the handler to a shard's error: True means go on with the next shard."""
+        if isinstance(exn, ShardStreamError):
+            exn.with_location(url=url)
+        self.source_stats.add(errors=1)
+        return bool(self.handler(exn))
 
     def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         for item in src:
             url, local_path = source_url(item, self.local_paths)
-            samples = None
+            count = 0
             try:
-                chunks = self._counted(self.open(url))
-                samples = shard_samples(
-                    chunks,
-                    url,
-                    local_path=local_path,
-                    select_files=self.select_files,
-                    rename_files=self.rename_files,
-                    handler=self.handler,
-                )
-                count = 0
-                for sample in samples:
+                for sample in self._shard(url, local_path):
                     count += 1
                     yield sample
-                self.source_stats.add(shards=1, samples=count)
             except Exception as exn:
-                if isinstance(exn, ShardStreamError):
-                    exn.with_location(url=url)
-                self.source_stats.add(errors=1)
-                if self.handler(exn):
+                if self._failed(exn, url):
                     continue
                 return
-            finally:
-                if samples is not None:
-                    samples.close()
-                    close = getattr(chunks, "close", None)
-                    if close is not None:
-                        close()
+            self.source_stats.add(shards=1, samples=count)
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         return self.run(src)

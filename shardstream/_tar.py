@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 from ._errors import FormatError
 from ._gzip import GZIP_MAGIC, GzipInflater
@@ -31,6 +31,7 @@ _REGULAR = (b"0", b"\0", b"7")  # tarfile.REGULAR_TYPES minus GNU sparse, which 
 _SUPPORTED = (b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"L", b"K", b"S")
 _GNU_TYPES = (b"L", b"K", b"S")  # the USTAR prefix field means something else in these
 _EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # headers that describe the next member (or all: g)
+_BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
 _new_member = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
 
 
@@ -136,6 +137,39 @@ class TarReader:
                 raise self._error
         return members
 
+    def feed_view(self, view, *, read_range=None) -> Tuple[List[TarMember], int]:
+        """Parse the members that lie complete at the start of `view`, without buffering any of it.
+
+        For callers that own a stable buffer (an mmap of a file, a reusable read buffer): payloads
+        are copied once, straight out of `view`, and nothing is kept after the call. Returns the
+        members and the number of bytes consumed; the caller presents the unconsumed rest again
+        at the start of its next view, and ends with `feed(rest)` + `close()`. Uncompressed tar
+        only, and only while `feed` has nothing buffered.
+
+        `read_range(start, stop)`, if given, must return `bytes(view[start:stop])`; it is used for
+        large payloads so that a caller can copy them without holding the GIL (os.pread).
+        """
+        if self._error is not None:
+            raise self._error
+        if self._compressed or self._head or self._pos < len(self._buf) or self._queue:
+            raise ValueError("feed_view needs an uncompressed stream with nothing buffered by feed()")
+        if len(view) == 0 or self._finished:
+            return [], len(view) if self._finished else 0
+        self._fed = True
+        self._compressed = False
+        self._buf, self._pos = _BytesView(view, read_range), 0
+        consumed = 0
+        try:
+            members = self._parse()
+        finally:
+            if self._finished:  # _parse has set _base; whatever follows the archive is ignored
+                consumed = len(view)
+            else:
+                consumed = self._pos
+                self._base += consumed
+            self._buf, self._pos = b"", 0
+        return members, consumed
+
     def _take(self, data: bytes) -> List[TarMember]:
         """Add uncompressed tar bytes to the buffer; parse once there is enough to make progress."""
         if self._finished or not data:
@@ -199,9 +233,14 @@ class TarReader:
         append = out.append
         adler32 = zlib.adler32
         plain = self._ext is None and not self._global_applies
+        # A borrowed buffer (feed_view): the fast path slices the memoryview and copies with
+        # tobytes() itself, skipping the wrapper's Python-level __getitem__.
+        raw = big = None
+        if type(buf) is _BytesView:
+            raw, big = buf._view, buf._read_range
         try:
             while end - pos >= BLOCK:
-                hdr = buf[pos : pos + BLOCK]
+                hdr = buf[pos : pos + BLOCK] if raw is None else raw[pos : pos + BLOCK].tobytes()
                 typ = hdr[156]
                 # Fast path, inlined: the ASCII header of a regular file with no extension headers
                 # in effect and its payload all here. Anything else, or any doubt, goes to _step.
@@ -222,7 +261,12 @@ class TarReader:
                         if hdr[345]:
                             name = hdr[345:500].decode("latin-1").partition("\0")[0] + "/" + name
                         if typ or name[-1:] != "/":  # else an old-style directory
-                            data = buf[pos + BLOCK : pos + BLOCK + size]
+                            if raw is None:
+                                data = buf[pos + BLOCK : pos + BLOCK + size]
+                            elif big is not None and size >= _BIG:
+                                data = big(pos + BLOCK, pos + BLOCK + size)
+                            else:
+                                data = raw[pos + BLOCK : pos + BLOCK + size].tobytes()
                             append(_new_member(TarMember, (name, data, base + pos)))
                             pos = stop
                             continue
@@ -349,6 +393,26 @@ class TarReader:
     def _stall(self, pos: int, stop: int, member: str, offset: int) -> int:
         self._need, self._stalled = stop - pos, (member, offset)
         return pos
+
+
+class _BytesView:
+    """A memoryview whose slices are bytes: lets the parser run on a borrowed buffer unchanged."""
+
+    __slots__ = ("_view", "_len", "_read_range")
+
+    def __init__(self, view, read_range=None) -> None:
+        self._view = memoryview(view).cast("B")
+        self._len = len(self._view)
+        self._read_range = read_range
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: slice) -> bytes:
+        start, stop, _ = index.indices(self._len)
+        if self._read_range is not None and stop - start >= _BIG:
+            return self._read_range(start, stop)
+        return self._view[index].tobytes()
 
 
 def _changes_member(pax_key: str) -> bool:

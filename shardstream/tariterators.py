@@ -20,7 +20,8 @@ import braceexpand
 
 from ._errors import ShardStreamError
 from ._keys import META_PATTERN, base_plus_ext, is_meta
-from ._samples import TarShardSamples, iter_members
+from ._members import iter_members
+from ._samples import TarShardSamples
 from .gopen import gopen
 from .handlers import reraise_exception
 

@@ -1,0 +1,133 @@
+"""The members of a shard, from its bytes: the I/O side of the sans-IO tar reader.
+
+Local uncompressed shards are memory-mapped and parsed in place (`TarReader.feed_view`), so each
+payload is copied exactly once, from the page cache into its `bytes`. Everything else (gzip,
+pipes, remote streams, caches) is fed to the reader chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Callable, Iterable, Iterator, List, Optional
+
+from ._errors import FetchError, ShardNotFound
+from ._gzip import GZIP_MAGIC
+from ._stats import SourceStats
+from ._tar import TarMember, TarReader
+
+__all__ = ["chunk_member_batches", "iter_members", "mapped_member_batches", "member_batches"]
+
+WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members held at once
+_PAGE = mmap.PAGESIZE
+
+
+def iter_members(chunks: Iterable[bytes], url: Optional[str] = None) -> Iterator[TarMember]:
+    """The regular members of a shard given as byte chunks (raises FormatError)."""
+    reader = TarReader(url)
+    for chunk in chunks:
+        yield from reader.feed(chunk)
+    yield from reader.close()
+
+
+def chunk_member_batches(chunks: Iterable[bytes], url: str, stats: Optional[SourceStats] = None) -> Iterator[List[TarMember]]:
+    """Lists of members, one per chunk fed (many lists may be empty)."""
+    reader = TarReader(url)
+    feed = reader.feed
+    try:
+        for chunk in chunks:
+            if stats is not None:
+                stats.add(nbytes=len(chunk))
+            yield feed(chunk)
+        yield reader.close()
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def mapped_member_batches(path: str, url: str, stats: Optional[SourceStats] = None) -> Iterator[List[TarMember]]:
+    """Lists of members of an uncompressed local shard, parsed in place from a memory map.
+
+    Headers and small payloads are copied out of the map; large payloads are read with os.pread,
+    which releases the GIL, so several shards can be read in parallel threads.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exn:
+        raise ShardNotFound("shard not found", url=url) from exn
+    except OSError as exn:
+        raise FetchError(f"cannot open shard: {exn}", url=url) from exn
+    mapped = view = None
+    try:
+        size = os.fstat(fd).st_size
+        reader = TarReader(url)
+        if size == 0:
+            yield reader.close()  # raises "empty file"
+            return
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        view = memoryview(mapped)
+        if hasattr(mapped, "madvise"):
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+        pos = released = 0
+        while pos < size and not reader.finished:
+            window = WINDOW
+            while True:
+                stop = min(size, pos + window)
+                members, consumed = reader.feed_view(view[pos:stop], read_range=_preader(fd, pos, url))
+                if consumed or stop == size:
+                    break
+                window *= 2  # a member larger than the window
+            if consumed == 0:
+                break  # the rest is an incomplete member: feed() + close() report it
+            pos += consumed
+            if stats is not None:
+                stats.add(nbytes=consumed)
+            yield members
+            # Drop the pages behind us from this process's mapping: memory stays bounded by the
+            # window, not the shard (the page cache keeps them for the next reader).
+            done = pos - pos % _PAGE
+            if hasattr(mapped, "madvise") and done - released >= WINDOW:
+                mapped.madvise(mmap.MADV_DONTNEED, released, done - released)
+                released = done
+        rest = view[pos:size].tobytes() if pos < size and not reader.finished else b""
+        yield reader.feed(rest) + reader.close()
+    finally:
+        if view is not None:
+            view.release()
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:  # a view is still referenced (e.g. by a traceback): GC closes it
+                pass
+        os.close(fd)
+
+
+def _preader(fd: int, base: int, url: str) -> Callable[[int, int], bytes]:
+    def read_range(start: int, stop: int) -> bytes:
+        data = os.pread(fd, stop - start, base + start)
+        if len(data) != stop - start:
+            raise FetchError(f"file shrank while reading (short read at {base + start})", url=url)
+        return data
+
+    return read_range
+
+
+def _is_gzip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
+def member_batches(
+    url: str,
+    local_path: Optional[str],
+    open_chunks: Callable[[str], Iterable[bytes]],
+    stats: Optional[SourceStats] = None,
+) -> Iterator[List[TarMember]]:
+    """Lists of members of shard `url`: mapped when it is a local uncompressed file, else fed in chunks."""
+    if local_path is not None and not _is_gzip(local_path):
+        return mapped_member_batches(local_path, url, stats)
+    return chunk_member_batches(open_chunks(url), url, stats)

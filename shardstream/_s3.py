@@ -1,0 +1,436 @@
+"""Native async S3: stream one object with retries and Range resume; list prefixes and globs.
+
+Built on aiobotocore directly rather than s3fs: a stream is a thin loop over the response body,
+and retry / resume follow our rules. botocore's own retries are switched off, so one request here
+is one HTTP request, and every retry is counted in `s3_stats` and logged.
+
+Credentials, region and endpoint come from the standard AWS configuration, resolved by botocore
+itself: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE and the
+~/.aws files, AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, container
+and instance roles. When no credentials are found at all, requests go unsigned (public buckets).
+
+There is one client per event loop (and timeout pair), created on first use. It is closed by
+`close_s3_clients()`, by the task cancellation a loop gets at shutdown (as in `asyncio.run`),
+or at interpreter exit if its loop is still alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import fnmatch
+import logging
+import random
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore import UNSIGNED
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError as BotoConnectionError,
+    ConnectTimeoutError,
+    HTTPClientError,
+    IncompleteReadError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+
+from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
+
+__all__ = ["S3Stats", "close_s3_clients", "s3_list", "s3_stats", "s3_stream"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_POOL_CONNECTIONS = 64  # botocore's default of 10 would cap the shards in flight per loop
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+_NOT_FOUND_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "404"}
+_TIMEOUT_CODES = {"RequestTimeout", "RequestTimeoutException"}
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
+    "InternalError", "ServiceUnavailable", "500", "502", "503", "504",
+}
+
+# Test hook, off by default: byte counts after which successive GetObject bodies break with a
+# connection error (each response consumes one entry). Only tests set it.
+_test_break_bodies: List[int] = []
+
+
+class S3Stats:
+    """Process-wide S3 counters (thread-safe): bytes, requests, retries, resumes, failures."""
+
+    _FIELDS = ("bytes", "requests", "retries", "resumes", "errors")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes = self.requests = self.retries = self.resumes = self.errors = 0
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return {name: getattr(self, name) for name in self._FIELDS}
+
+
+s3_stats = S3Stats()
+
+
+@dataclass(frozen=True)
+class _ListOptions:
+    """Timeouts and retry policy for `s3_list` when the caller passes none."""
+
+    connect_timeout: float = 10.0
+    stall_timeout: float = 60.0
+    retries: int = 5
+    backoff_base: float = 0.5
+    backoff_max: float = 20.0
+
+
+def _translate(exc: BaseException, *, url: str, offset: Optional[int]) -> Optional[FetchError]:
+    """Map a botocore / aiohttp / OS failure into the error tree (the one place that does).
+
+    NetworkError and FetchTimeout are retried; that includes throttling and 5xx replies, which
+    are transient like a dropped connection. Returns None for anything else (a bug: re-raise it).
+    """
+    where: Dict[str, Any] = {"url": url, "offset": offset}
+    if isinstance(exc, FetchError):
+        return exc.with_location(**where)
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        message = f"S3 {code or 'error'} (HTTP {status}): {error.get('Message') or exc}"
+        if code in _NOT_FOUND_CODES or status == 404:
+            return ShardNotFound(message, **where)
+        if code in _TIMEOUT_CODES:
+            return FetchTimeout(message, **where)
+        if code in _TRANSIENT_CODES or status >= 500:
+            return NetworkError(message, **where)
+        if code == "PreconditionFailed" or status == 412:
+            return FetchError(f"S3 object changed while it was read (ETag mismatch): {message}", **where)
+        return FetchError(message, **where)  # AccessDenied, InvalidRange, bad credentials, ...
+    if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError, asyncio.TimeoutError)):
+        return FetchTimeout(f"S3 timeout: {exc}", **where)
+    if isinstance(exc, (HTTPClientError, BotoConnectionError, IncompleteReadError)):
+        return NetworkError(f"S3 connection failed: {exc}", **where)
+    if isinstance(exc, BotoCoreError):  # NoCredentialsError, ProfileNotFound, ParamValidationError
+        return FetchError(f"S3 request failed: {exc}", **where)
+    if isinstance(exc, (aiohttp.ClientError, OSError)):
+        return NetworkError(f"S3 connection failed: {exc!r}", **where)
+    return None
+
+
+async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: Any,
+                    offset: Callable[[], Optional[int]] = lambda: None) -> Any:
+    """Await `call()`, retrying transient failures with capped exponential backoff, full jitter."""
+    failures = 0
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            error = _translate(exc, url=url, offset=offset())
+            if error is None:
+                raise
+            if not isinstance(error, (NetworkError, FetchTimeout)) or failures >= options.retries:
+                s3_stats.add(errors=1)
+                raise error from exc
+            failures += 1
+            s3_stats.add(retries=1)
+            delay = random.uniform(0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
+            logger.info("S3 retry %d/%d in %.2fs: %s", failures, options.retries, delay, error)
+            await asyncio.sleep(delay)
+
+
+# ---- one client per (event loop, timeouts) --------------------------------------------------
+
+_ClientKey = Tuple[asyncio.AbstractEventLoop, Any, Any]
+_clients: Dict[_ClientKey, Tuple["asyncio.Task[None]", "asyncio.Future[Any]"]] = {}
+_clients_lock = threading.Lock()  # loops in several threads may share this module
+_atexit_registered = False
+
+
+async def _client(options: Any) -> Any:
+    """The S3 client of the running loop for these timeouts, created on first use."""
+    global _atexit_registered
+    loop = asyncio.get_running_loop()
+    key = (loop, options.connect_timeout, options.stall_timeout)
+    with _clients_lock:
+        entry = _clients.get(key)
+        if entry is None:
+            ready: asyncio.Future[Any] = loop.create_future()
+            task = loop.create_task(_hold_client(key, ready), name="shardstream-s3-client")
+            entry = _clients[key] = (task, ready)
+            if not _atexit_registered:
+                atexit.register(_close_at_exit)
+                _atexit_registered = True
+    ready = entry[1]
+    if ready.done() and not ready.cancelled() and ready.exception() is None:
+        return ready.result()
+    return await asyncio.shield(ready)  # a cancelled caller must not cancel the shared future
+
+
+async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
+    """Create a client, hand it out through `ready`, and keep it open until this task is cancelled.
+
+    Living in a task ties the client's life to the loop: shutdown cancels every task (asyncio.run
+    does; so does `close_s3_clients`), and the `async with` then closes its connections cleanly.
+    """
+    try:
+        session = get_session()
+        # Resolving credentials here (not on the first request) lets public buckets work unsigned.
+        anonymous = await session.get_credentials() is None
+        config = AioConfig(
+            connect_timeout=key[1],
+            read_timeout=key[2],  # aiohttp's sock_read: the longest silence between reads, a stall
+            retries={"total_max_attempts": 1},  # we retry (and resume) ourselves
+            max_pool_connections=_MAX_POOL_CONNECTIONS,
+            # Whole-object checksums cannot cover a resumed stream; length + ETag checks do.
+            response_checksum_validation="when_required",
+            signature_version=UNSIGNED if anonymous else None,
+        )
+        async with session.create_client("s3", config=config) as client:
+            ready.set_result(client)
+            await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        if not ready.done():
+            ready.cancel()
+        raise
+    except Exception as exc:  # handed to the callers waiting on `ready`, not lost in the task
+        if not ready.done():
+            ready.set_exception(exc)
+        else:
+            logger.debug("closing the S3 client failed: %r", exc)
+    finally:
+        with _clients_lock:
+            if _clients.get(key, (None, None))[1] is ready:
+                del _clients[key]
+
+
+async def close_s3_clients() -> None:
+    """Close the running loop's S3 clients; the loop's owner awaits this before stopping it."""
+    loop = asyncio.get_running_loop()
+    with _clients_lock:
+        tasks = [task for (owner, *_), (task, _) in _clients.items() if owner is loop]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _close_at_exit() -> None:
+    """Last resort at interpreter exit: close clients whose loops are still alive."""
+    with _clients_lock:
+        loops = {key[0] for key in _clients}
+    for loop in loops:
+        try:
+            if loop.is_closed():
+                continue
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(close_s3_clients(), loop).result(timeout=5)
+            else:
+                loop.run_until_complete(close_s3_clients())
+        except Exception as exc:  # exit must go on
+            logger.debug("closing S3 clients at exit failed: %r", exc)
+
+
+# ---- streaming ------------------------------------------------------------------------------
+
+
+def _split(url: str) -> Tuple[str, str]:
+    if not url.startswith("s3://"):
+        raise UsageError("not an s3:// URL", url=url)
+    bucket, _, key = url[len("s3://"):].partition("/")
+    if not bucket:
+        raise UsageError("S3 URL without a bucket", url=url)
+    return bucket, key
+
+
+class _ObjectReader:
+    """Reads one object from an offset in chunks; after a failure, the next read reopens it with
+    a Range GET from the last byte received and IfMatch on the first response's ETag."""
+
+    def __init__(self, client: Any, url: str, start: int, chunk_size: int) -> None:
+        self._client = client
+        self._url = url
+        self._bucket, self._key = _split(url)
+        self._start = start
+        self._chunk_size = chunk_size
+        self.received = start  # the next byte to ask for
+        self._size: Optional[int] = None
+        self._etag: Optional[str] = None
+        self._body: Any = None
+        self._parts: List[bytes] = []  # received, not yet handed out (kept across a resume)
+        self._have = 0
+        self._break_after: Optional[int] = None  # test hook, see _test_break_bodies
+
+    async def _open(self) -> None:
+        request: Dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
+        if self.received:  # never for offset 0: "bytes=0-" on an empty object is a 416
+            request["Range"] = f"bytes={self.received}-"
+        if self._etag:
+            request["IfMatch"] = self._etag
+        if self.received > self._start:
+            s3_stats.add(resumes=1)
+            logger.info("S3 resuming %s at byte %d", self._url, self.received)
+        s3_stats.add(requests=1)
+        try:
+            response = await self._client.get_object(**request)
+        except ClientError as exc:
+            if self._size is None and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                await self._check_start_at_end()
+                return
+            raise
+        match = _CONTENT_RANGE.fullmatch(response.get("ContentRange") or "")
+        if match:
+            first, size = int(match[1]), int(match[3])
+        else:
+            first, size = 0, int(response["ContentLength"])
+        self._body = response["Body"]
+        if first != self.received:
+            raise FetchError(f"S3 answered from byte {first}, asked for {self.received}",
+                             url=self._url, offset=self.received)
+        etag = response.get("ETag")
+        if self._size is None:
+            self._size, self._etag = size, etag
+        elif size != self._size or (etag and self._etag and etag != self._etag):
+            raise FetchError(f"S3 object changed while it was read (size {self._size} -> {size})",
+                             url=self._url, offset=self.received)
+        if _test_break_bodies:
+            self._break_after = _test_break_bodies.pop(0)
+
+    async def _check_start_at_end(self) -> None:
+        """A 416 for the first request: an empty stream if `start` is exactly the object's size."""
+        head = await self._client.head_object(Bucket=self._bucket, Key=self._key)
+        size = int(head["ContentLength"])
+        if self._start != size:
+            raise FetchError(f"start {self._start} is past the end of the object ({size} bytes)",
+                             url=self._url, offset=self._start)
+        self._size = size
+
+    async def read(self) -> bytes:
+        """The next `chunk_size` bytes (fewer at the end); b"" once the object is done."""
+        try:
+            while self._size is None or self.received < self._size:
+                if self._body is None:
+                    await self._open()
+                    continue
+                data = await self._body.read(self._chunk_size - self._have)
+                if not data:
+                    raise NetworkError(f"S3 body ended early ({self._size} bytes expected)",
+                                       url=self._url, offset=self.received)
+                if self._break_after is not None:
+                    data = self._test_break(data)
+                self._parts.append(data)
+                self._have += len(data)
+                self.received += len(data)
+                if self._have >= self._chunk_size:
+                    break
+        except BaseException:
+            self.close()
+            raise
+        chunk = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        self._parts, self._have = [], 0
+        s3_stats.add(bytes=len(chunk))
+        return chunk
+
+    def _test_break(self, data: bytes) -> bytes:
+        if len(data) < self._break_after:
+            self._break_after -= len(data)
+            return data
+        kept, self._break_after = data[: self._break_after], None
+        self._parts.append(kept)
+        self._have += len(kept)
+        self.received += len(kept)
+        raise ResponseStreamingError(error=aiohttp.ServerDisconnectedError("test hook: body broken"))
+
+    def close(self) -> None:
+        """Drop the current response; a half-read connection cannot go back to the pool."""
+        if self._body is not None:
+            self._body.close()
+            self._body = None
+        self._break_after = None
+
+
+async def s3_stream(url: str, *, options: Any, start: int = 0) -> AsyncIterator[bytes]:
+    """Stream the object `s3://bucket/key` from byte `start` in chunks of `options.chunk_size`.
+
+    Transient failures (connection errors, timeouts, throttling, 5xx) are retried up to
+    `options.retries` times in a row with capped exponential backoff and full jitter; the budget
+    refills with every chunk delivered. A broken body resumes with a Range GET from the last byte
+    received, checking that the length and ETag did not change. Read-ahead is the caller's job:
+    this stream reads only when pulled (plus aiohttp's socket buffer).
+
+    Raises:
+        ShardNotFound: no such key or bucket (never retried).
+        FetchError: access denied, object changed mid-stream, `start` past the end, retries spent
+            (NetworkError / FetchTimeout then). Every error carries the URL and the offset reached.
+        UsageError: `url` is not `s3://bucket/key`.
+    """
+    _split(url)  # a malformed URL is a usage error, before any client is made
+    if start < 0:
+        raise UsageError(f"negative start {start}", url=url)
+    client = await _retrying(lambda: _client(options), url=url, options=options, offset=lambda: start)
+    reader = _ObjectReader(client, url, start, max(1, options.chunk_size))
+    try:
+        while True:
+            chunk = await _retrying(reader.read, url=url, options=options, offset=lambda: reader.received)
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        reader.close()
+
+
+# ---- listing --------------------------------------------------------------------------------
+
+
+def _glob_match(pattern: str, key: str) -> bool:
+    """fnmatch per path segment: `*`, `?` and `[...]` never cross a `/` (as in a shell, fsspec)."""
+    parts, names = pattern.split("/"), key.split("/")
+    return len(parts) == len(names) and all(map(fnmatch.fnmatchcase, names, parts))
+
+
+async def s3_list(url: str, *, options: Any = None, page_size: int = 1000) -> List[str]:
+    """Expand `s3://bucket/prefix/` (every object under it) or a glob such as
+    `s3://bucket/train-*.tar` into sorted `s3://bucket/key` URLs.
+
+    A URL without glob characters is a prefix (a `/` is added); a glob lists the keys under its
+    longest literal prefix, page by page (`page_size` keys a request), and keeps the matches.
+    Keys ending in `/` (folder markers) are skipped. No match gives an empty list.
+    """
+    options = options or _ListOptions()
+    bucket, pattern = _split(url)
+    magic = _GLOB_CHARS.search(pattern)
+    request: Dict[str, Any] = {"Bucket": bucket, "MaxKeys": page_size}
+    if magic:
+        request["Prefix"] = pattern[: magic.start()]
+        if "/" not in pattern[magic.start():]:
+            request["Delimiter"] = "/"  # only one level can match: do not list the subtrees
+    else:
+        request["Prefix"] = pattern if not pattern or pattern.endswith("/") else pattern + "/"
+    client = await _retrying(lambda: _client(options), url=url, options=options)
+
+    async def list_page() -> Dict[str, Any]:
+        s3_stats.add(requests=1)
+        return await client.list_objects_v2(**request)
+
+    keys: List[str] = []
+    while True:
+        page = await _retrying(list_page, url=url, options=options)
+        for item in page.get("Contents", ()):
+            key = item["Key"]
+            if not key.endswith("/") and (not magic or _glob_match(pattern, key)):
+                keys.append(key)
+        if not page.get("IsTruncated"):
+            break
+        request["ContinuationToken"] = page["NextContinuationToken"]
+    return [f"s3://{bucket}/{key}" for key in sorted(keys)]
