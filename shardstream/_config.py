@@ -22,7 +22,7 @@ class EngineConfig:
     Args:
         enabled: run on the engine (False: nested generators in the caller's thread).
         threads: decode-pool threads; None derives it from the cores available to this process
-            divided by the DataLoader workers sharing them.
+            (cores + 1), or their share per DataLoader worker inside a worker.
         ordered: deliver in the same order as a sequential run (False: as tasks finish; faster
             when task times vary).
         max_inflight: pool tasks in flight per parallel stage; None: 2 x threads.
@@ -69,7 +69,11 @@ class EngineConfig:
                 workers = info.num_workers
         except ModuleNotFoundError:  # pragma: no cover - torch is optional
             pass
-        return max(1, cores // max(1, workers))
+        if workers > 1:
+            return max(1, cores // workers)
+        # One more thread than cores: while a thread holds the GIL for the Python parts of a
+        # decode (PIL's per-tile loop, the crop), another one's C code keeps the core busy.
+        return cores + 1
 
     def resolved_inflight(self, threads: int) -> int:
         return self.max_inflight if self.max_inflight is not None else 2 * threads

@@ -226,44 +226,61 @@ class _Run:
                 except Exception:  # closing must not hide the real outcome
                     log.debug("error while closing stage %s", segment.name, exc_info=True)
 
-    def _timed(self, source: Iterator[Any], stats: StageStats, upstream: Optional[Channel]):
-        """Iterate source, adding the time spent producing each item (minus upstream waits)."""
+    def _chunks(self, source: Iterator[Any], stats: StageStats, upstream: Optional[Channel], limit) -> Iterator[List[Any]]:
+        """Lists of up to `limit()` items from source, timing each list's production (the time
+        spent waiting on the upstream channel excluded): one clock read per list, not per item."""
         clock = time.perf_counter
         qstats = upstream.stats if upstream is not None else None
         nxt = source.__next__
         while True:
+            n = limit()
+            chunk: List[Any] = []
+            append = chunk.append
             waited = qstats.get_wait_s if qstats is not None else 0.0
             start = clock()
             try:
-                item = nxt()
+                while n:
+                    append(nxt())
+                    n -= 1
             except StopIteration:
+                if chunk:
+                    stats.record(self._spent(start, qstats, waited), len(chunk))
+                    yield chunk
                 return
-            spent = clock() - start
-            if qstats is not None:
-                spent -= qstats.get_wait_s - waited
-            stats.record(spent)
-            yield item, spent
+            stats.record(self._spent(start, qstats, waited), len(chunk))
+            yield chunk
+
+    @staticmethod
+    def _spent(start: float, qstats, waited: float) -> float:
+        spent = time.perf_counter() - start
+        if qstats is not None:
+            spent -= qstats.get_wait_s - waited
+        return max(0.0, spent)
 
     def _pump_items(self, source, out: Channel, stats: StageStats, upstream) -> None:
-        limit, cap = 1, self.config.max_chunk
-        chunk: List[Any] = []
-        ema = None
-        for item, spent in self._timed(source, stats, upstream):
-            chunk.append(item)
-            ema = spent if ema is None else 0.9 * ema + 0.1 * spent
-            if len(chunk) >= limit:
-                out.put(chunk)
-                chunk = []
-                limit = max(1, min(cap, int(_CHUNK_TARGET_S / ema))) if ema > 0 else cap
-        if chunk:
+        cap = self.config.max_chunk
+
+        def limit() -> int:
+            # Queue chunks that take about _CHUNK_TARGET_S to produce: big enough to amortise the
+            # hand-over, small enough that slow items (batches) go on alone.
+            per_item = stats.per_item_s()
+            if not per_item:
+                return 1
+            return max(1, min(cap, int(_CHUNK_TARGET_S / per_item)))
+
+        for chunk in self._chunks(source, stats, upstream, limit):
             out.put(chunk)
 
     def _pump_tasks(self, source, out: Channel, stats: StageStats, upstream, stages, pstats: StageStats) -> None:
         submit, cap = self.pool.submit, self.config.max_chunk
         ordered = self.config.ordered
         slots = threading.Semaphore(self.inflight)
-        limit = 1
-        chunk: List[Any] = []
+        def limit() -> int:
+            # Pool tasks of about _TASK_TARGET_S: one sample per task when decoding is slow.
+            per_item = pstats.per_item_s()
+            if not per_item:
+                return 1
+            return max(1, min(cap, int(_TASK_TARGET_S / per_item)))
 
         def deliver(future: Future) -> None:
             try:
@@ -273,7 +290,7 @@ class _Run:
             finally:
                 slots.release()
 
-        def flush() -> None:
+        def flush(chunk: List[Any]) -> None:
             if ordered:
                 out.put(submit(_run_task, stages, chunk, pstats))
                 return
@@ -282,16 +299,8 @@ class _Run:
                     raise Stopped()
             submit(_run_task, stages, chunk, pstats).add_done_callback(deliver)
 
-        for item, _spent in self._timed(source, stats, upstream):
-            chunk.append(item)
-            if len(chunk) >= limit:
-                flush()
-                chunk = []
-                per_item = pstats.per_item_s()
-                if per_item:
-                    limit = max(1, min(cap, int(_TASK_TARGET_S / per_item)))
-        if chunk:
-            flush()
+        for chunk in self._chunks(source, stats, upstream, limit):
+            flush(chunk)
         if not ordered:  # every task has called back before END goes in
             for _ in range(self.inflight):
                 while not slots.acquire(timeout=0.05):

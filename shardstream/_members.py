@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator, List, Optional
 
 from ._errors import FetchError, ShardNotFound
 from ._gzip import GZIP_MAGIC
+from ._malloc import tune_malloc
 from ._stats import SourceStats
 from ._tar import TarMember, TarReader
 
@@ -128,6 +129,7 @@ def member_batches(
     stats: Optional[SourceStats] = None,
 ) -> Iterator[List[TarMember]]:
     """Lists of members of shard `url`: mapped when it is a local uncompressed file, else fed in chunks."""
+    tune_malloc()
     if local_path is not None and not _is_gzip(local_path):
         return mapped_member_batches(local_path, url, stats)
     return chunk_member_batches(open_chunks(url), url, stats)

@@ -45,8 +45,9 @@ class StageStats:
             self.items += items
 
     def per_item_s(self) -> Optional[float]:
-        with self._lock:
-            return self.busy_s / self.items if self.items else None
+        """Average busy time per item (read without the lock: a float read is atomic enough)."""
+        items = self.items
+        return self.busy_s / items if items else None
 
     def snapshot(self, wall_s: float) -> Dict[str, object]:
         with self._lock:

@@ -1,0 +1,179 @@
+"""The process-wide asyncio event loop on a daemon thread, and the HTTP sessions that live on it.
+
+Network I/O for every shard in flight runs on one loop (DESIGN.md, execution model). The loop
+starts lazily on first use and is replaced after fork: a child gets a fresh loop and fresh
+sessions, and never touches the parent's (their sockets and epoll set are shared with the parent,
+so closing them in the child would break the parent). At interpreter exit an atexit hook cancels
+what still runs on the loop and closes the sessions, so aiohttp has nothing to warn about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import threading
+from typing import Any, Coroutine, Dict, List, Optional, TypeVar
+
+__all__ = ["close_session", "get_loop", "get_session", "run_coroutine", "shutdown_loop"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Sized for many shards in flight (each stream holds one connection while it downloads); per
+# host unlimited, because a dataset usually lives on one host.
+CONNECTION_LIMIT = 256
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class _LoopThread:
+    """One event loop, the daemon thread running it, and the pid that owns both."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="shardstream-loop", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+
+_lock = threading.Lock()
+_current: Optional[_LoopThread] = None
+_sessions: Dict[asyncio.AbstractEventLoop, Any] = {}  # loop -> aiohttp.ClientSession
+_exiting = False
+# Objects inherited from the parent across fork. Kept alive on purpose: their finalizers would
+# touch sockets and an epoll set that the child shares with the parent.
+_inherited: List[Any] = []
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The shared event loop, started on first use (and again in a forked child)."""
+    global _current
+    current = _current
+    if current is not None and current.pid == os.getpid():
+        return current.loop
+    with _lock:
+        if _current is not None and _current.pid != os.getpid():
+            _forget_parent_state()
+        if _current is None:
+            if _exiting:
+                raise RuntimeError("shardstream's event loop is shut down (interpreter exit)")
+            _current = _LoopThread()
+        return _current.loop
+
+
+def run_coroutine(coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
+    """Schedule `coro` on the shared loop from any other thread; return a concurrent Future."""
+    return asyncio.run_coroutine_threadsafe(coro, get_loop())
+
+
+async def get_session() -> Any:
+    """The aiohttp ClientSession of the running loop, created on first use.
+
+    Requests pick their own timeouts; the session only pools connections. Bodies are not
+    decompressed and no compression is asked for: shards are fetched byte for byte (as curl
+    does), which is also what makes byte offsets for Range resumes meaningful.
+    """
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(loop)
+    if session is None or session.closed:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=CONNECTION_LIMIT, limit_per_host=0, ttl_dns_cache=300)
+        session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            headers={"Accept-Encoding": "identity"},
+            timeout=aiohttp.ClientTimeout(total=None),
+            trust_env=True,  # honour HTTP(S)_PROXY / NO_PROXY, as curl does for webdataset
+        )
+        with _lock:
+            _sessions[loop] = session
+    return session
+
+
+async def close_session() -> None:
+    """Close the running loop's session, if any (call it before closing a loop of your own)."""
+    with _lock:
+        session = _sessions.pop(asyncio.get_running_loop(), None)
+    if session is not None:
+        await session.close()
+
+
+async def _close_all_on_loop() -> None:
+    """Cancel every other task on this loop, wait for them, then close its session."""
+    me = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not me]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=_SHUTDOWN_TIMEOUT_S / 2)
+    await close_session()
+    await asyncio.get_running_loop().shutdown_asyncgens()
+
+
+def shutdown_loop(timeout: float = _SHUTDOWN_TIMEOUT_S) -> None:
+    """Stop the shared loop: cancel its tasks, close its sessions, join its thread.
+
+    Idempotent; the next get_loop() starts a new loop. Must not be called from the loop thread.
+    """
+    global _current
+    with _lock:
+        current, _current = _current, None
+    if current is None:
+        return
+    if current.pid != os.getpid():
+        _inherited.append(current)
+        return
+    if threading.current_thread() is current.thread:
+        raise RuntimeError("shutdown_loop() called from the loop thread")
+    loop = current.loop
+    try:
+        asyncio.run_coroutine_threadsafe(_close_all_on_loop(), loop).result(timeout)
+    except Exception as exc:  # noqa: BLE001 - shutting down: report, and stop the loop anyway
+        log.warning("shardstream loop did not shut down cleanly: %r", exc)
+    loop.call_soon_threadsafe(loop.stop)
+    current.thread.join(timeout)
+    if not current.thread.is_alive():
+        loop.close()
+
+
+def _forget_parent_state() -> None:
+    """In a forked child: drop the parent's loop and sessions without closing them (lock held)."""
+    global _current
+    if _current is not None:
+        _inherited.append(_current)
+        _current = None
+    for session in _sessions.values():
+        connector = session.connector
+        session.detach()  # no I/O: only marks the session closed, so its finalizer stays quiet
+        if connector is not None and hasattr(connector, "_closed"):
+            # Otherwise its finalizer closes the pooled transports, which unregisters their
+            # sockets from the epoll set shared with the parent: the parent would stop seeing them.
+            connector._closed = True
+        _inherited.extend((session, connector))
+    _sessions.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at fork time
+    with _lock:
+        _forget_parent_state()
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+    shutdown_loop()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)
