@@ -71,6 +71,7 @@ from .handlers import (
 )
 from .mix import RandomMix, RoundRobin
 from .pipeline import DataPipeline
+from .prefetch import DevicePrefetcher
 from .shardlists import (
     MultiShardSample,
     ResampledShards,
@@ -94,6 +95,7 @@ __all__ = [
     "DataPipeline",
     "Decoder",
     "DecodingError",
+    "DevicePrefetcher",
     "EngineConfig",
     "FetchError",
     "FetchTimeout",

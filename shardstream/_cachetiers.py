@@ -469,9 +469,12 @@ class DiskTier:
         start = last_change = time.monotonic()
         progress = None
         while True:
-            remaining = self.lock_timeout - (time.monotonic() - start)
+            # Wake up now and then to check the deadline and whether the holder still makes progress.
+            step = min(1.0, self.lock_timeout - (time.monotonic() - start))
+            if self.stall_timeout is not None:
+                step = min(step, self.stall_timeout / 4)
             try:
-                lock.acquire(timeout=max(0.0, min(1.0, remaining)), poll_interval=self.poll_interval)
+                lock.acquire(timeout=max(0.0, step), poll_interval=self.poll_interval)
                 return True
             except Timeout:
                 pass

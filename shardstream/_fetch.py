@@ -67,8 +67,8 @@ class FetchOptions:
             raise ValueError("connect_timeout and stall_timeout must be positive")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
-        if not 0 <= self.backoff_base <= self.backoff_max:
-            raise ValueError("need 0 <= backoff_base <= backoff_max")
+        if not (self.backoff_base >= 0 and self.backoff_max >= 0):
+            raise ValueError("backoff_base and backoff_max must be >= 0")
         if self.chunk_size < 1 or self.prefetch_bytes < 1:
             raise ValueError("chunk_size and prefetch_bytes must be >= 1")
 
