@@ -344,6 +344,8 @@ class ChunkStream:
     """
 
     def __init__(self, url: str, *, options: Optional[FetchOptions] = None, start: int = 0) -> None:
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
         self.url = url
         self.options = options or FetchOptions()
         self.stats = FetchStats()

@@ -13,8 +13,9 @@ from typing import Dict, Iterable, List, Tuple
 
 from ._keys import base_plus_ext, is_meta
 from ._members import iter_members
+from ._open import local_path_of
 
-__all__ = ["ShardSummary", "read_index", "scan_shard", "write_index", "write_sizes"]
+__all__ = ["ShardSummary", "index_position", "read_index", "scan_shard", "write_index", "write_sizes"]
 
 
 class ShardSummary:
@@ -82,3 +83,15 @@ def write_sizes(path: str, counts: Dict[str, int]) -> None:
     with open(temp, "w") as f:
         json.dump(dict(sorted(existing.items())), f, indent=1)
     os.replace(temp, path)
+
+
+def index_position(url: str, sample: int) -> Tuple[int, int]:
+    """Where to start reading to reach sample number `sample` of a shard: (byte offset, samples
+    still to skip from there). Uses the `.idx` beside a local shard; (0, sample) without one."""
+    path = local_path_of(url)
+    if path is None or not os.path.exists(path + ".idx"):
+        return 0, sample
+    entries = read_index(path + ".idx")
+    if sample >= len(entries):
+        return 0, sample
+    return entries[sample][0], 0

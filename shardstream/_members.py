@@ -31,9 +31,11 @@ def iter_members(chunks: Iterable[bytes], url: Optional[str] = None) -> Iterator
     yield from reader.close()
 
 
-def chunk_member_batches(chunks: Iterable[bytes], url: str, stats: Optional[SourceStats] = None) -> Iterator[List[TarMember]]:
-    """Lists of members, one per chunk fed (many lists may be empty)."""
-    reader = TarReader(url)
+def chunk_member_batches(
+    chunks: Iterable[bytes], url: str, stats: Optional[SourceStats] = None, start_offset: int = 0
+) -> Iterator[List[TarMember]]:
+    """Lists of members, one per chunk fed (many lists may be empty); chunks begin at start_offset."""
+    reader = TarReader(url, start_offset=start_offset)
     feed = reader.feed
     try:
         for chunk in chunks:
@@ -47,7 +49,9 @@ def chunk_member_batches(chunks: Iterable[bytes], url: str, stats: Optional[Sour
             close()
 
 
-def mapped_member_batches(path: str, url: str, stats: Optional[SourceStats] = None) -> Iterator[List[TarMember]]:
+def mapped_member_batches(
+    path: str, url: str, stats: Optional[SourceStats] = None, start_offset: int = 0
+) -> Iterator[List[TarMember]]:
     """Lists of members of an uncompressed local shard, parsed in place from a memory map.
 
     Headers and small payloads are copied out of the map; large payloads are read with os.pread,
@@ -62,15 +66,16 @@ def mapped_member_batches(path: str, url: str, stats: Optional[SourceStats] = No
     mapped = view = None
     try:
         size = os.fstat(fd).st_size
-        reader = TarReader(url)
-        if size == 0:
+        reader = TarReader(url, start_offset=start_offset)
+        if size == 0 or start_offset >= size:
             yield reader.close()  # raises "empty file"
             return
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         view = memoryview(mapped)
         if hasattr(mapped, "madvise"):
             mapped.madvise(mmap.MADV_SEQUENTIAL)
-        pos = released = 0
+        pos = start_offset
+        released = start_offset - start_offset % _PAGE
         while pos < size and not reader.finished:
             window = WINDOW
             while True:
@@ -125,11 +130,13 @@ def _is_gzip(path: str) -> bool:
 def member_batches(
     url: str,
     local_path: Optional[str],
-    open_chunks: Callable[[str], Iterable[bytes]],
+    open_chunks: Callable[[str, int], Iterable[bytes]],
     stats: Optional[SourceStats] = None,
+    start_offset: int = 0,
 ) -> Iterator[List[TarMember]]:
-    """Lists of members of shard `url`: mapped when it is a local uncompressed file, else fed in chunks."""
+    """Lists of members of shard `url` from byte `start_offset` (a header of an uncompressed
+    archive): mapped when it is a local uncompressed file, else fed in chunks."""
     tune_malloc()
     if local_path is not None and not _is_gzip(local_path):
-        return mapped_member_batches(local_path, url, stats)
-    return chunk_member_batches(open_chunks(url), url, stats)
+        return mapped_member_batches(local_path, url, stats, start_offset)
+    return chunk_member_batches(open_chunks(url, start_offset), url, stats, start_offset)

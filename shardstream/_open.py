@@ -104,11 +104,24 @@ def open_url(url: str, *, allow_pipe: Optional[bool] = None, mode: str = "rb") -
         raise UsageError(f"cannot open shard: {exn}", url=url) from exn
 
 
-def iter_chunks(url: str, *, chunk_size: int = CHUNK_SIZE, allow_pipe: Optional[bool] = None) -> Iterator[bytes]:
-    """Yield the bytes of `url` in chunks; the source is closed when the generator ends or is closed."""
+def iter_chunks(
+    url: str, *, chunk_size: int = CHUNK_SIZE, allow_pipe: Optional[bool] = None, start: int = 0
+) -> Iterator[bytes]:
+    """Yield the bytes of `url` from byte `start` in chunks; the source is closed when the
+    generator ends or is closed. Unseekable sources (pipes) read and drop the first bytes."""
     stream = open_url(url, allow_pipe=allow_pipe)
     try:
         read = stream.read
+        if start:
+            try:
+                stream.seek(start)
+            except (AttributeError, OSError, ValueError):
+                left = start
+                while left > 0:
+                    dropped = read(min(left, chunk_size))
+                    if not dropped:
+                        break
+                    left -= len(dropped)
         while True:
             try:
                 chunk = read(chunk_size)

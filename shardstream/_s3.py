@@ -167,8 +167,14 @@ async def _client(options: Any) -> Any:
     with _clients_lock:
         entry = _clients.get(key)
         if entry is None:
+            for stale in [k for k in _clients if k[0].is_closed()]:  # loops closed without cleanup
+                del _clients[stale]
             ready: asyncio.Future[Any] = loop.create_future()
             task = loop.create_task(_hold_client(key, ready), name="shardstream-s3-client")
+            # If the loop is closed without cancelling this task, it is dropped without a word:
+            # nothing can be awaited then, and the sockets go with the loop (asyncio does the same
+            # for its own helper futures).
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
             entry = _clients[key] = (task, ready)
             if not _atexit_registered:
                 atexit.register(_close_at_exit)
@@ -183,7 +189,7 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
     """Create a client, hand it out through `ready`, and keep it open until this task is cancelled.
 
     Living in a task ties the client's life to the loop: shutdown cancels every task (asyncio.run
-    does; so does `close_s3_clients`), and the `async with` then closes its connections cleanly.
+    does; so does `close_s3_clients`), and the cancellation closes its connections cleanly.
     """
     try:
         session = get_session()
@@ -198,22 +204,31 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
             response_checksum_validation="when_required",
             signature_version=UNSIGNED if anonymous else None,
         )
-        async with session.create_client("s3", config=config) as client:
-            ready.set_result(client)
-            await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        if not ready.done():
+        context = session.create_client("s3", config=config)
+        client = await context.__aenter__()
+    except BaseException as exc:  # handed to the callers waiting on `ready`, not lost in the task
+        _forget(key, ready)
+        if isinstance(exc, asyncio.CancelledError):
             ready.cancel()
-        raise
-    except Exception as exc:  # handed to the callers waiting on `ready`, not lost in the task
-        if not ready.done():
-            ready.set_exception(exc)
-        else:
+            raise
+        ready.set_exception(exc)
+        return
+    ready.set_result(client)
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:  # not GeneratorExit: a closed loop cannot await the close
+        _forget(key, ready)
+        try:
+            await context.__aexit__(None, None, None)
+        except Exception as exc:
             logger.debug("closing the S3 client failed: %r", exc)
-    finally:
-        with _clients_lock:
-            if _clients.get(key, (None, None))[1] is ready:
-                del _clients[key]
+        raise
+
+
+def _forget(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
+    with _clients_lock:
+        if _clients.get(key, (None, ready))[1] is ready:
+            _clients.pop(key, None)
 
 
 async def close_s3_clients() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 from urllib.parse import urlparse
 
-from ._errors import FormatError, ShardStreamError
+from ._errors import FormatError, ShardStreamError, UsageError
+from ._index import index_position
 from ._keys import base_plus_ext, is_meta
 from ._members import member_batches
 from ._open import iter_chunks, local_path_of
@@ -18,7 +19,7 @@ from ._stats import SourceStats
 from ._tar import TarMember
 from .handlers import reraise_exception
 
-__all__ = ["TarShardSamples", "shard_samples", "source_url"]
+__all__ = ["TarShardSamples", "shard_range", "shard_samples", "source_url"]
 
 Handler = Callable[[BaseException], bool]
 
@@ -31,14 +32,20 @@ def shard_samples(
     select_files: Optional[Callable[[str], bool]] = None,
     rename_files: Optional[Callable[[str], str]] = None,
     handler: Handler = reraise_exception,
+    skip: int = 0,
+    limit: Optional[int] = None,
 ) -> Iterator[Dict[str, Any]]:
     """Yield the samples of one shard, given its members in batches (see `_members`).
+
+    `skip` samples are dropped first and at most `limit` are yielded (a shard range).
 
     Consecutive members with the same key form a sample; samples never span shards. A format or
     fetch error propagates (the caller's handler decides about the shard); the sample being
     assembled when it happens is dropped, never yielded incomplete. Per-member errors
     (rename_files, duplicate fields) go to `handler`.
     """
+    if limit is not None and limit <= 0:
+        return
     current: Optional[Dict[str, Any]] = None
     current_key: Optional[str] = None
     for members in batches:
@@ -62,7 +69,14 @@ def shard_samples(
                     ext = ext.lower()
                 if key != current_key:
                     if current is not None:
-                        yield current
+                        if skip:
+                            skip -= 1
+                        else:
+                            yield current
+                            if limit is not None:
+                                limit -= 1
+                                if limit <= 0:
+                                    return
                     current_key = key
                     current = {"__key__": key, "__url__": url, ext: data}
                     if local_path is not None:
@@ -76,8 +90,15 @@ def shard_samples(
                     continue
                 current = None
                 return
-    if current is not None:
+    if current is not None and not skip and (limit is None or limit > 0):
         yield current
+
+
+def shard_range(item: Any) -> tuple:
+    """(start, stop) sample indices of a shard-list item: dict(url=..., start=..., stop=...)."""
+    if isinstance(item, dict):
+        return item.get("start", 0) or 0, item.get("stop")
+    return 0, None
 
 
 def source_url(item: Any, find_local_path: bool = True) -> tuple:
@@ -131,20 +152,26 @@ class TarShardSamples(PipelineStage):
         self.allow_pipe = allow_pipe
         self.opener = opener
 
-    def open(self, url: str) -> Iterable[bytes]:
-        """The shard's bytes in chunks (the opener, or local files / pipe: / fsspec)."""
+    def open(self, url: str, start: int = 0) -> Iterable[bytes]:
+        """The shard's bytes from `start` in chunks (the opener, or local files / pipe: / fsspec)."""
         if self.opener is not None:
-            return self.opener(url)
-        return iter_chunks(url, allow_pipe=self.allow_pipe)
+            chunks = self.opener(url)
+            if start:
+                raise UsageError("a custom opener cannot start mid-shard", url=url)
+            return chunks
+        return iter_chunks(url, allow_pipe=self.allow_pipe, start=start)
 
-    def batches(self, url: str) -> Iterator[List[TarMember]]:
+    def batches(self, url: str, start_offset: int = 0) -> Iterator[List[TarMember]]:
         """The shard's members in batches; local files are mapped unless an opener is set."""
         mappable = local_path_of(url) if self.opener is None else None
-        return member_batches(url, mappable, self.open, self.source_stats)
+        return member_batches(url, mappable, self.open, self.source_stats, start_offset)
 
-    def _shard(self, url: str, local_path: Optional[str]) -> Iterator[Dict[str, Any]]:
-        """The samples of one shard (runs in the caller's thread or a shard job's)."""
-        batches = self.batches(url)
+    def _shard(self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+        """The samples [start, stop) of one shard; an `.idx` beside a local shard lets it seek."""
+        offset, skip = 0, start
+        if start:
+            offset, skip = index_position(url, start)
+        batches = self.batches(url, offset)
         samples = shard_samples(
             batches,
             url,
@@ -152,6 +179,8 @@ class TarShardSamples(PipelineStage):
             select_files=self.select_files,
             rename_files=self.rename_files,
             handler=self.handler,
+            skip=skip,
+            limit=None if stop is None else stop - start,
         )
         try:
             yield from samples
@@ -169,9 +198,10 @@ class TarShardSamples(PipelineStage):
     def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         for item in src:
             url, local_path = source_url(item, self.local_paths)
+            start, stop = shard_range(item)
             count = 0
             try:
-                for sample in self._shard(url, local_path):
+                for sample in self._shard(url, local_path, start, stop):
                     count += 1
                     yield sample
             except Exception as exn:

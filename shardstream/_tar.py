@@ -64,17 +64,22 @@ class TarReader:
     Args:
         url: used only in error messages.
         compressed: None detects gzip by its magic bytes; True requires gzip; False means raw tar.
+        start_offset: the input begins at this offset of an uncompressed archive, at a header
+            (resuming mid-shard from an index); member offsets are reported from the archive
+            start. PAX global headers before that point are not seen.
     """
 
-    def __init__(self, url: Optional[str] = None, *, compressed: Optional[bool] = None) -> None:
+    def __init__(self, url: Optional[str] = None, *, compressed: Optional[bool] = None, start_offset: int = 0) -> None:
+        if start_offset and compressed:
+            raise ValueError("start_offset needs an uncompressed archive")
         self._url = url
-        self._compressed = compressed
+        self._compressed = False if start_offset else compressed
         self._inflater = GzipInflater() if compressed else None
         self._head = b""  # first byte, held back while gzip detection needs a second one
         self._fed = False
         self._buf = b""  # bytes being parsed; _buf[_pos:] is not consumed yet
         self._pos = 0
-        self._base = 0  # tar stream offset of _buf[0]
+        self._base = start_offset  # tar stream offset of _buf[0]
         self._queue: List[bytes] = []  # chunks held back until _need bytes are there
         self._queued = 0
         self._need = BLOCK  # bytes from _pos needed before parsing can make progress

@@ -1,0 +1,221 @@
+"""HTTP(S) fetcher on aiohttp: pooled connections, timeouts, retries with backoff, Range resume.
+
+A transfer that breaks part-way resumes from the last byte received with `Range: bytes=N-`, and
+`If-Range` (ETag, else Last-Modified) so that a resume reads the same object; a server that
+ignores Range (200) has the received prefix skipped. The length is checked against
+Content-Length / Content-Range. aiohttp's exceptions become the error tree in `translate_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import time
+from email.utils import parsedate_to_datetime
+from typing import AsyncIterator, Optional, Tuple
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import hdrs
+
+from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url
+from ._fetch import FetchOptions, note_fetch
+from ._loop import get_session
+
+__all__ = ["http_stream", "translate_error"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.ASCII)
+
+
+class _Retry(Exception):
+    """An attempt failed in a way worth retrying; `error` is what to raise if retries run out."""
+
+    def __init__(self, error: FetchError, retry_after: Optional[float] = None) -> None:
+        super().__init__(str(error))
+        self.error, self.retry_after = error, retry_after
+
+
+def _scrub(text: str, url: str) -> str:
+    """`text` (say, a third-party message) with the URL's credentials replaced by ***."""
+    redacted = redact_url(url)
+    text = text.replace(url, redacted)
+    parts, safe = urlsplit(url), urlsplit(redacted)
+    if parts.password:
+        text = text.replace(parts.password, "***")
+    if parts.query and parts.query != safe.query:
+        text = text.replace(parts.query, safe.query)
+    return text
+
+
+def translate_error(exc: BaseException, url: str, offset: int) -> Tuple[FetchError, bool]:
+    """Map an aiohttp / OS / timeout error to (error in our tree, whether a retry may help)."""
+    if isinstance(exc, FetchError):
+        return exc, isinstance(exc, (NetworkError, FetchTimeout))
+    detail = _scrub(f"{type(exc).__name__}: {exc}", url)
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):  # before OSError: some are both
+        return FetchTimeout(f"timed out (no data within the stall/connect timeout): {detail}", url=url, offset=offset), True
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return FetchError(f"TLS certificate rejected: {detail}", url=url, offset=offset), False
+    if isinstance(exc, (aiohttp.InvalidURL, aiohttp.TooManyRedirects, ValueError)):
+        return FetchError(f"request failed: {detail}", url=url, offset=offset), False
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)):
+        return NetworkError(f"connection failed: {detail}", url=url, offset=offset), True
+    return FetchError(f"request failed: {detail}", url=url, offset=offset), False
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+class _Transfer:
+    """What one download knows across attempts: bytes received, total size, the validator."""
+
+    def __init__(self, url: str, start: int) -> None:
+        self.url = url
+        self.received = start  # absolute offset of the next byte wanted
+        self.total: Optional[int] = None  # the object's size, once a response says
+        self.response_end: Optional[int] = None  # where the current response's body ends
+        self.etag: Optional[str] = None
+        self.last_modified: Optional[str] = None
+
+    @property
+    def complete(self) -> bool:
+        return self.total is not None and self.received >= self.total
+
+    def request_headers(self) -> dict:
+        if self.received == 0:
+            return {}
+        headers = {hdrs.RANGE: f"bytes={self.received}-"}
+        # If-Range wants a strong validator; a server that honours it answers 200 with the new
+        # object when ours changed, which `accept` then refuses.
+        validator = self.etag if self.etag and not self.etag.startswith("W/") else self.last_modified
+        if validator:
+            headers[hdrs.IF_RANGE] = validator
+        return headers
+
+    def error(self, message: str, cls: type = FetchError) -> FetchError:
+        return cls(message, url=self.url, offset=self.received)
+
+    def accept(self, resp: aiohttp.ClientResponse) -> Optional[int]:
+        """Check a response's status and headers; return how many leading body bytes to skip,
+        or None if there is nothing left to read. Raises FetchError, or _Retry."""
+        status = resp.status
+        what = f"HTTP {status} {resp.reason or ''}".rstrip()
+        if status in (404, 410):
+            raise self.error(what, ShardNotFound)
+        if status == 416 and self.received > 0:
+            match = _CONTENT_RANGE.fullmatch(resp.headers.get(hdrs.CONTENT_RANGE, "").strip())
+            size = int(match.group(3)) if match and match.group(3) != "*" else None
+            if size == self.received or (size is None and self.total is None):
+                self.total = self.received  # we already have every byte (a lying length got us here)
+                return None
+            raise self.error(f"{what}: range starts past the end of the object (size {size})")
+        if status in _RETRY_STATUSES:
+            raise _Retry(self.error(what), _retry_after(resp.headers.get(hdrs.RETRY_AFTER)))
+        if status not in (200, 206):
+            raise self.error(what)
+        self._check_same_object(resp)
+        if status == 206:
+            return self._accept_partial(resp)
+        length = resp.content_length
+        if length is not None:
+            self._set_total(length)
+        self.response_end = length
+        if self.received > (length if length is not None else self.received):
+            raise self.error(f"object is shorter ({length} bytes) than the bytes already received")
+        return self.received  # a 200 starts at byte 0: drop what we already have
+
+    def _accept_partial(self, resp: aiohttp.ClientResponse) -> int:
+        header = resp.headers.get(hdrs.CONTENT_RANGE, "")
+        match = _CONTENT_RANGE.fullmatch(header.strip())
+        if match is None or match.group(1) is None:
+            raise self.error(f"HTTP 206 with a bad Content-Range {header!r}")
+        first, last, size = int(match.group(1)), int(match.group(2)), match.group(3)
+        if first > self.received:
+            raise self.error(f"asked for bytes from {self.received}, got a range from {first}")
+        if size != "*":
+            self._set_total(int(size))
+        self.response_end = last + 1
+        return self.received - first
+
+    def _set_total(self, size: int) -> None:
+        if self.total is not None and size != self.total:
+            raise self.error(f"object size changed during the download ({self.total} -> {size} bytes)")
+        self.total = size
+
+    def _check_same_object(self, resp: aiohttp.ClientResponse) -> None:
+        etag, modified = resp.headers.get(hdrs.ETAG), resp.headers.get(hdrs.LAST_MODIFIED)
+        if self.etag and etag and etag != self.etag:
+            raise self.error(f"object changed during the download (ETag {self.etag} -> {etag})")
+        if not self.etag and self.last_modified and modified and modified != self.last_modified:
+            raise self.error(f"object changed during the download (Last-Modified {self.last_modified} -> {modified})")
+        self.etag, self.last_modified = etag or self.etag, modified or self.last_modified
+
+
+async def http_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncIterator[bytes]:
+    """Yield the bytes of an http(s) URL from `start`, retrying and resuming as `options` say."""
+    session = await get_session()
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=None, sock_connect=options.connect_timeout, sock_read=options.stall_timeout
+    )
+    transfer = _Transfer(url, start)
+    failures = 0  # consecutive attempts that failed without delivering a byte
+    while not transfer.complete:
+        attempt_start = transfer.received
+        try:
+            async with session.get(url, headers=transfer.request_headers(), timeout=timeout, read_bufsize=options.chunk_size) as resp:
+                skip = transfer.accept(resp)
+                if skip is None:
+                    return
+                async for chunk in resp.content.iter_chunked(options.chunk_size):
+                    if skip:
+                        if len(chunk) <= skip:
+                            skip -= len(chunk)
+                            continue
+                        chunk, skip = chunk[skip:], 0
+                    if transfer.total is not None and transfer.received + len(chunk) > transfer.total:
+                        raise transfer.error(f"body is longer than the advertised {transfer.total} bytes")
+                    transfer.received += len(chunk)
+                    yield chunk
+                if skip:
+                    raise transfer.error("the server's full response is shorter than the bytes already received")
+            if transfer.total is None or transfer.complete:
+                return
+            end = transfer.response_end
+            if end is not None and transfer.received >= end:
+                continue  # a server that sends large objects in parts (206 short of the total)
+            raise _Retry(transfer.error(f"body ended early ({transfer.received} of {transfer.total} bytes)", NetworkError))
+        except _Retry as retry:
+            error, retry_after = retry.error, retry.retry_after
+        except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
+            error, retryable = translate_error(exc, url, transfer.received)
+            if not retryable:
+                raise error from (None if error is exc else exc)
+            retry_after = None
+        if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
+            return
+        failures = 1 if transfer.received > attempt_start else failures + 1
+        if failures > options.retries:
+            raise type(error)(f"{error.message}; gave up after {failures} attempts", url=url, offset=transfer.received) from error
+        delay = random.uniform(0.0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
+        if retry_after is not None:
+            delay = min(retry_after, options.backoff_max)
+        note_fetch(retries=1, resumes=int(transfer.received > 0))
+        level = logging.INFO if failures >= 3 else logging.DEBUG
+        log.log(level, "retry %d/%d of %s from byte %d in %.2f s: %s", failures, options.retries, redact_url(url), transfer.received, delay, error.message)
+        await asyncio.sleep(delay)
