@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ._torch import worker_info
+
 __all__ = ["EngineConfig", "engine_defaults", "set_engine_defaults"]
 
 
@@ -60,15 +62,7 @@ class EngineConfig:
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             cores = os.cpu_count() or 1
-        workers = 1
-        try:
-            import torch.utils.data
-
-            info = torch.utils.data.get_worker_info()
-            if info is not None:
-                workers = info.num_workers
-        except ModuleNotFoundError:  # pragma: no cover - torch is optional
-            pass
+        _worker, workers = worker_info()
         if workers > 1:
             return max(1, cores // workers)
         # One more thread than cores: while a thread holds the GIL for the Python parts of a

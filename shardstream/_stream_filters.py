@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional
 import numpy as np
 
 from ._stages import PipelineStage
-from ._torch import TorchTensor
+from ._torch import is_tensor
 
 __all__ = [
     "Cached",
@@ -95,7 +95,7 @@ def combine_values(b, combine_tensors=True, combine_scalars=True):
     if isinstance(b[0], (int, float)):
         if combine_scalars:
             b = np.array(list(b))
-    elif isinstance(b[0], TorchTensor):
+    elif is_tensor(b[0]):
         if combine_tensors:
             import torch
 

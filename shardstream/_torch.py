@@ -1,25 +1,132 @@
-"""torch is optional: the dataset base classes come from torch when it is installed."""
+"""torch, lazily: shardstream never imports torch itself unless a feature needs it.
+
+torch costs ~170 MB of memory and a second of start-up; a pipeline that yields numpy arrays does
+not need it. Our dataset classes derive from a small stand-in base; torch's `IterableDataset` is
+an ABC, so they are registered as its virtual subclasses as soon as `torch.utils.data` is
+imported (now, if it already is; else by an import hook), and `DataLoader(dataset)` accepts them.
+"""
 
 from __future__ import annotations
 
-__all__ = ["DataLoader", "IterableDataset", "TorchTensor", "have_torch"]
+import importlib.abc
+import importlib.util
+import sys
+import threading
+from typing import Any, List, Optional, Tuple, Type
 
-try:
-    from torch import Tensor as TorchTensor
-    from torch.utils.data import DataLoader, IterableDataset
+__all__ = [
+    "DataLoader",
+    "IterableDataset",
+    "dataloader_class",
+    "is_dataloader",
+    "is_tensor",
+    "torch_if_imported",
+    "worker_info",
+]
 
-    have_torch = True
-except ModuleNotFoundError:  # pragma: no cover - exercised only without torch
-    have_torch = False
 
-    class IterableDataset:  # type: ignore[no-redef]
-        """Stand-in base class so pipelines work without torch."""
+class IterableDataset:
+    """Base of shardstream's datasets; a virtual subclass of torch's IterableDataset."""
 
-    class DataLoader:  # type: ignore[no-redef]
-        """Stand-in that fails loudly: WebLoader needs torch."""
+    def __iter__(self):  # pragma: no cover - subclasses override
+        raise NotImplementedError
 
-        def __init__(self, *args, **kwargs):
-            raise ModuleNotFoundError("WebLoader needs torch: pip install 'shardstream[torch]'")
 
-    class TorchTensor:  # type: ignore[no-redef]
-        """Nothing is an instance of this when torch is missing."""
+_lock = threading.Lock()
+_registered = False
+
+
+def _register(module: Any) -> None:
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        module.IterableDataset.register(IterableDataset)
+        _registered = True
+
+
+class _Loader(importlib.abc.Loader):
+    """Wraps torch.utils.data's loader to register our base right after it executes."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self.inner = inner
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        _register(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torch.utils.data":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+def _install() -> None:
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and hasattr(data, "IterableDataset"):
+        _register(data)
+    else:
+        sys.meta_path.insert(0, _Hook())
+
+
+_install()
+
+
+def torch_if_imported() -> Optional[Any]:
+    """The torch module if something imported it, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
+def is_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def dataloader_class() -> Optional[Type[Any]]:
+    data = sys.modules.get("torch.utils.data")
+    return getattr(data, "DataLoader", None) if data is not None else None
+
+
+def is_dataloader(x: Any) -> bool:
+    cls = dataloader_class()
+    return cls is not None and isinstance(x, cls)
+
+
+def worker_info() -> Tuple[int, int]:
+    """(worker id, number of workers) inside a torch DataLoader worker, else (0, 1)."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+def DataLoader(*args: Any, **kwargs: Any) -> Any:
+    """torch's DataLoader (imports torch)."""
+    try:
+        from torch.utils.data import DataLoader as TorchDataLoader
+    except ModuleNotFoundError as exn:  # pragma: no cover - torch is optional
+        raise ModuleNotFoundError("WebLoader needs torch: pip install 'shardstream[torch]'") from exn
+    return TorchDataLoader(*args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TorchTensor":  # webdataset.pytorch's name for torch.Tensor
+        import torch
+
+        return torch.Tensor
+    raise AttributeError(name)

@@ -11,7 +11,7 @@ from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
 from ._stages import PipelineStage
 from ._stats import PipelineStats
-from ._torch import DataLoader, IterableDataset
+from ._torch import IterableDataset, is_dataloader
 
 __all__ = ["DataPipeline", "PipelineIterator", "add_length_method"]
 
@@ -133,7 +133,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         del self.pipeline
 
     def invoke(self, f: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        if isinstance(f, (IterableDataset, DataLoader)) and len(args) == 0:
+        if (isinstance(f, IterableDataset) or is_dataloader(f)) and len(args) == 0:
             return iter(f)
         if isinstance(f, PipelineStage):
             return f.run(*args, **kwargs)
@@ -157,7 +157,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             return False
         # A DataLoader source forks worker processes; keep it in the caller's thread (forking
         # while other threads hold locks is unsafe) and let its workers do the parallel work.
-        return not isinstance(self.pipeline[0], DataLoader)
+        return not is_dataloader(self.pipeline[0])
 
     def iterator1(self) -> Iterator[Any]:
         """One pass through the pipeline."""

@@ -17,6 +17,7 @@ import braceexpand
 import numpy as np
 
 from ._stages import PipelineStage
+from ._torch import worker_info
 
 __all__ = [
     "PipelineStage",
@@ -115,34 +116,26 @@ def repeatedly(
 
 
 def pytorch_worker_info(group=None) -> Tuple[int, int, int, int]:
-    """(rank, world_size, worker, num_workers) from env vars, torch.distributed and torch's worker info."""
+    """(rank, world_size, worker, num_workers) from env vars, torch.distributed and torch's worker info.
+
+    torch is consulted only if something imported it: without torch there is no process group
+    and no DataLoader worker.
+    """
     rank, world_size, worker, num_workers = 0, 1, 0, 1
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
     else:
-        try:
-            import torch.distributed
-
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                group = group or torch.distributed.group.WORLD
-                rank = torch.distributed.get_rank(group=group)
-                world_size = torch.distributed.get_world_size(group=group)
-        except ModuleNotFoundError:
-            pass
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            group = group or dist.group.WORLD
+            rank = dist.get_rank(group=group)
+            world_size = dist.get_world_size(group=group)
     if "WORKER" in os.environ and "NUM_WORKERS" in os.environ:
         worker = int(os.environ["WORKER"])
         num_workers = int(os.environ["NUM_WORKERS"])
     else:
-        try:
-            import torch.utils.data
-
-            worker_info = torch.utils.data.get_worker_info()
-            if worker_info is not None:
-                worker = worker_info.id
-                num_workers = worker_info.num_workers
-        except ModuleNotFoundError:
-            pass
+        worker, num_workers = worker_info()
     return rank, world_size, worker, num_workers
 
 
