@@ -514,14 +514,14 @@ class DiskTier:
 
     def _commit(self, url: str, temp: str, size: int) -> bool:
         path = self.path_for(url)
+        meta = self._meta_path(path)
+        meta_temp = f"{meta}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             self._local()
             with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
                 timeout=self.lock_timeout, poll_interval=self.poll_interval
             ):
                 self._scan(reserve=size, replacing=path)
-                meta = self._meta_path(path)
-                meta_temp = f"{meta}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
                 with open(meta_temp, "w") as f:
                     json.dump({"size": size, "url_sha256": _url_digest(url)}, f)
                 # Sidecar first: a crash in between leaves an orphan sidecar, never an unchecked shard.
@@ -532,6 +532,7 @@ class DiskTier:
             logger.warning("cannot commit cached shard %s: %s", path, exn)
             self.counters.add(errors=1, discarded=1)
             _unlink(temp)
+            _unlink(meta_temp)
             return False
         self.counters.add(bytes_written=size)
         return True

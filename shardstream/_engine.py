@@ -124,6 +124,7 @@ class _Run:
         self.closed = False
         self._last_log = self.started
         self.source_stats = _find_source_stats(stages)
+        self.cache = _find_cache(stages)
         self._source_base = self.source_stats.snapshot() if self.source_stats else {}
         self._build()
 
@@ -347,6 +348,7 @@ class _Run:
             stages=[s.snapshot(wall) for s in self.stage_stats],
             queues=[c.stats.snapshot() for c in self.channels],
             source=source,
+            cache=self.cache.stats() if self.cache is not None else {},
             consumer_wait_s=self.output.stats.get_wait_s if self.output is not None else 0.0,
         )
 
@@ -371,6 +373,14 @@ def _find_source_stats(stages: Sequence[Any]) -> Optional[SourceStats]:
         stats = getattr(stage, "source_stats", None)
         if isinstance(stats, SourceStats):
             return stats
+    return None
+
+
+def _find_cache(stages: Sequence[Any]) -> Any:
+    for stage in stages:
+        cache = getattr(stage, "cache", None)
+        if cache is not None and hasattr(cache, "stats"):
+            return cache
     return None
 
 

@@ -14,6 +14,7 @@ from ._index import index_position
 from ._keys import base_plus_ext, is_meta
 from ._members import member_batches
 from ._open import iter_chunks, local_path_of
+from ._shardcache import ShardCache
 from ._stages import PipelineStage
 from ._stats import SourceStats
 from ._tar import TarMember
@@ -130,6 +131,8 @@ class TarShardSamples(PipelineStage):
         opener: `url -> iterable of byte chunks` (default: local files, pipe:, fsspec).
         local_paths: add `__local_path__` for local shards (WebDataset does, the function-style
             `tarfile_to_samples` does not).
+        cache: a ShardCache for remote shards (memory / disk tiers, stream-through); local
+            shards are read in place.
     """
 
     name = "tar_samples"
@@ -143,7 +146,9 @@ class TarShardSamples(PipelineStage):
         allow_pipe: Optional[bool] = None,
         opener: Optional[Callable[[str], Iterable[bytes]]] = None,
         local_paths: bool = False,
+        cache: Optional[ShardCache] = None,
     ) -> None:
+        self.cache = cache
         self.local_paths = local_paths
         self.source_stats = SourceStats()
         self.handler = handler
@@ -153,12 +158,17 @@ class TarShardSamples(PipelineStage):
         self.opener = opener
 
     def open(self, url: str, start: int = 0) -> Iterable[bytes]:
-        """The shard's bytes from `start` in chunks (the opener, or local files / pipe: / fsspec)."""
+        """The shard's bytes from `start` in chunks: the opener, else the cache (remote shards
+        read from the start), else the origin (local files, pipe:, fsspec)."""
         if self.opener is not None:
-            chunks = self.opener(url)
             if start:
                 raise UsageError("a custom opener cannot start mid-shard", url=url)
-            return chunks
+            return self.opener(url)
+        if self.cache is not None and not start and local_path_of(url) is None:
+            return self.cache.stream(url, self._origin)
+        return self._origin(url, start)
+
+    def _origin(self, url: str, start: int = 0) -> Iterable[bytes]:
         return iter_chunks(url, allow_pipe=self.allow_pipe, start=start)
 
     def batches(self, url: str, start_offset: int = 0) -> Iterator[List[TarMember]]:

@@ -111,8 +111,7 @@ class ShardCache:
                 yield chunk
             complete = True
         except Exception:
-            if counters.name == "origin":
-                counters.add(errors=1)
+            counters.add(errors=1)
             raise
         finally:
             for writer in writers:

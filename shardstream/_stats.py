@@ -142,6 +142,7 @@ class PipelineStats:
     stages: List[Dict[str, object]] = field(default_factory=list)
     queues: List[Dict[str, object]] = field(default_factory=list)
     source: Dict[str, int] = field(default_factory=dict)
+    cache: Dict[str, Dict[str, int]] = field(default_factory=dict)
     consumer_wait_s: float = 0.0
 
     @property
@@ -179,6 +180,7 @@ class PipelineStats:
             "stages": self.stages,
             "queues": self.queues,
             "source": self.source,
+            "cache": self.cache,
             "verdict": self.verdict(),
         }
 
@@ -201,6 +203,9 @@ class PipelineStats:
                 f"queue {q['name']}: avg occupancy {q['avg_occupancy']:.1f}/{q['capacity']}, "
                 f"producer waited {q['put_wait_s']:.2f}s, consumer waited {q['get_wait_s']:.2f}s"
             )
+        for tier, counts in self.cache.items():
+            shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+            lines.append(f"cache {tier}: {shown or 'idle'}")
         lines.append("verdict: " + self.verdict())
         return "\n".join(lines)
 

@@ -13,7 +13,7 @@ import yaml
 from . import filters, shardlists, utils
 from ._samples import TarShardSamples
 from ._torch import DataLoader
-from .cache import FileCache
+from ._shardcache import cache_from_options
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
 
@@ -100,7 +100,10 @@ def check_empty(source):
 class WebDataset(DataPipeline, FluidInterface):
     """A pipeline that reads samples from WebDataset shards; webdataset 1.0.2's constructor.
 
-    Beyond webdataset's arguments: `allow_pipe` enables `pipe:` URLs for this dataset.
+    Beyond webdataset's arguments: `allow_pipe` enables `pipe:` URLs for this dataset, and
+    `cache_memory_bytes` adds a memory tier (shards up to that size) in front of the disk cache.
+    `cache_dir` / `cache_size` (and WDS_CACHE / WDS_CACHE_SIZE) set up the disk tier, shared by
+    all processes on the node; `url_to_name` is accepted and ignored (names derive from the URL).
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class WebDataset(DataPipeline, FluidInterface):
         seed=None,
         *,
         allow_pipe: Optional[bool] = None,
+        cache_memory_bytes: int = 0,
     ) -> None:
         super().__init__()
         if resampled:
@@ -136,12 +140,7 @@ class WebDataset(DataPipeline, FluidInterface):
             warnings.warn("set WebDataset(shardshuffle=...) to a positive integer or 0 or False")
             shardshuffle = 100
         self.seed = os.environ.get("WDS_SEED", random.randint(0, 1000000)) if seed is None else seed
-        cache_size = int(os.environ.get("WDS_CACHE_SIZE", cache_size))
-        cache_dir = os.environ.get("WDS_CACHE", cache_dir)
-        if cache_dir is not None:
-            cache_dir = os.path.expanduser(cache_dir)
-            if not os.path.exists(cache_dir):
-                raise ValueError(f"cache directory {cache_dir} does not exist")
+        cache = cache_from_options(cache_dir, cache_size, memory_bytes=cache_memory_bytes)
         self._append_shard_source(urls, mode)
         if nodesplitter is not None:
             self.append(nodesplitter)
@@ -152,13 +151,9 @@ class WebDataset(DataPipeline, FluidInterface):
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
             else:
                 self.append(filters.shuffle(shardshuffle, seed=self.seed))
-        opener = None
-        if cache_dir is not None and cache_size != 0:
-            kw = {} if url_to_name is None else {"url_to_name": url_to_name}
-            opener = FileCache(cache_dir=cache_dir, cache_size=cache_size, handler=handler, **kw).chunks
         self.append(
             TarShardSamples(handler=handler, select_files=select_files, rename_files=rename_files,
-                            allow_pipe=allow_pipe, opener=opener, local_paths=True)
+                            allow_pipe=allow_pipe, local_paths=True, cache=cache)
         )
         if empty_check:
             self.append(check_empty)
