@@ -10,8 +10,9 @@ itself: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFI
 and instance roles. When no credentials are found at all, requests go unsigned (public buckets).
 
 There is one client per event loop (and timeout pair), created on first use. It is closed by
-`close_s3_clients()`, by the task cancellation a loop gets at shutdown (as in `asyncio.run`),
-or at interpreter exit if its loop is still alive.
+`close_s3_clients()`, by the task cancellation a loop gets at shutdown (as in `asyncio.run` and
+`shardstream._loop.shutdown_loop`), or at interpreter exit if its loop is still alive. A forked
+child sets the parent's clients aside untouched and makes its own.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import asyncio
 import atexit
 import fnmatch
 import logging
+import os
 import random
 import re
 import threading
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import aiohttp
@@ -42,6 +43,7 @@ from botocore.exceptions import (
 )
 
 from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
+from ._fetch import FetchOptions, note_fetch
 
 __all__ = ["S3Stats", "close_s3_clients", "s3_list", "s3_stats", "s3_stream"]
 
@@ -64,7 +66,11 @@ _test_break_bodies: List[int] = []
 
 
 class S3Stats:
-    """Process-wide S3 counters (thread-safe): bytes, requests, retries, resumes, failures."""
+    """Process-wide S3 counters (thread-safe): bytes, requests, retries, resumes, failures.
+
+    Retries and resumes also go to `note_fetch`, which feeds the fetch layer's global and
+    per-stream counters; `requests` is what only this module knows.
+    """
 
     _FIELDS = ("bytes", "requests", "retries", "resumes", "errors")
 
@@ -85,17 +91,6 @@ class S3Stats:
 s3_stats = S3Stats()
 
 
-@dataclass(frozen=True)
-class _ListOptions:
-    """Timeouts and retry policy for `s3_list` when the caller passes none."""
-
-    connect_timeout: float = 10.0
-    stall_timeout: float = 60.0
-    retries: int = 5
-    backoff_base: float = 0.5
-    backoff_max: float = 20.0
-
-
 def _translate(exc: BaseException, *, url: str, offset: Optional[int]) -> Optional[FetchError]:
     """Map a botocore / aiohttp / OS failure into the error tree (the one place that does).
 
@@ -114,7 +109,7 @@ def _translate(exc: BaseException, *, url: str, offset: Optional[int]) -> Option
             return ShardNotFound(message, **where)
         if code in _TIMEOUT_CODES:
             return FetchTimeout(message, **where)
-        if code in _TRANSIENT_CODES or status >= 500:
+        if code in _TRANSIENT_CODES or status >= 500 or status == 429:
             return NetworkError(message, **where)
         if code == "PreconditionFailed" or status == 412:
             return FetchError(f"S3 object changed while it was read (ETag mismatch): {message}", **where)
@@ -132,8 +127,12 @@ def _translate(exc: BaseException, *, url: str, offset: Optional[int]) -> Option
 
 async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: Any,
                     offset: Callable[[], Optional[int]] = lambda: None) -> Any:
-    """Await `call()`, retrying transient failures with capped exponential backoff, full jitter."""
+    """Await `call()`, retrying transient failures with capped exponential backoff, full jitter.
+
+    `options.retries` bounds the failures in a row; progress (a moved `offset`) refills it.
+    """
     failures = 0
+    reached = offset()
     while True:
         try:
             return await call()
@@ -141,11 +140,14 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
             error = _translate(exc, url=url, offset=offset())
             if error is None:
                 raise
+            if offset() != reached:
+                failures, reached = 0, offset()
             if not isinstance(error, (NetworkError, FetchTimeout)) or failures >= options.retries:
                 s3_stats.add(errors=1)
                 raise error from exc
             failures += 1
             s3_stats.add(retries=1)
+            note_fetch(retries=1)
             delay = random.uniform(0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
             logger.info("S3 retry %d/%d in %.2fs: %s", failures, options.retries, delay, error)
             await asyncio.sleep(delay)
@@ -157,6 +159,8 @@ _ClientKey = Tuple[asyncio.AbstractEventLoop, Any, Any]
 _clients: Dict[_ClientKey, Tuple["asyncio.Task[None]", "asyncio.Future[Any]"]] = {}
 _clients_lock = threading.Lock()  # loops in several threads may share this module
 _atexit_registered = False
+# Clients inherited from the parent across fork, kept alive on purpose (see _after_fork_in_child).
+_inherited: List[Any] = []
 
 
 async def _client(options: Any) -> Any:
@@ -206,17 +210,20 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
         )
         context = session.create_client("s3", config=config)
         client = await context.__aenter__()
-    except BaseException as exc:  # handed to the callers waiting on `ready`, not lost in the task
+    except asyncio.CancelledError:
         _forget(key, ready)
-        if isinstance(exc, asyncio.CancelledError):
-            ready.cancel()
-            raise
+        ready.cancel()
+        raise
+    except Exception as exc:  # handed to the callers waiting on `ready`, not lost in the task
+        _forget(key, ready)
         ready.set_exception(exc)
         return
     ready.set_result(client)
     try:
         await asyncio.Event().wait()
-    except asyncio.CancelledError:  # not GeneratorExit: a closed loop cannot await the close
+    except asyncio.CancelledError:
+        # Only a cancellation closes the client. A task destroyed with its loop already closed
+        # gets GeneratorExit instead, and must not await anything.
         _forget(key, ready)
         try:
             await context.__aexit__(None, None, None)
@@ -257,6 +264,33 @@ def _close_at_exit() -> None:
             logger.debug("closing S3 clients at exit failed: %r", exc)
 
 
+def _after_fork_in_child() -> None:
+    """Set the parent's clients aside in a forked child, never to be closed or finalised there.
+
+    Their sockets and epoll set are shared with the parent: closing them here, or letting aiohttp's
+    finalisers do it, would unregister the parent's sockets. The child makes its own clients on
+    its own loop. (Best effort on aiobotocore internals, as shardstream._loop does for its own.)
+    """
+    global _clients_lock
+    _clients_lock = threading.Lock()  # another thread may have held it at fork time
+    for task, ready in _clients.values():
+        _inherited.append((task, ready))
+        if not ready.done() or ready.cancelled() or ready.exception() is not None:
+            continue
+        http = getattr(getattr(ready.result(), "_endpoint", None), "http_session", None)
+        for session in list((getattr(http, "_sessions", None) or {}).values()):
+            connector = session.connector
+            session.detach()  # marks it closed without I/O, so its finaliser stays quiet
+            if connector is not None and hasattr(connector, "_closed"):
+                connector._closed = True
+            _inherited.append((session, connector))
+    _clients.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 # ---- streaming ------------------------------------------------------------------------------
 
 
@@ -295,6 +329,7 @@ class _ObjectReader:
             request["IfMatch"] = self._etag
         if self.received > self._start:
             s3_stats.add(resumes=1)
+            note_fetch(resumes=1)
             logger.info("S3 resuming %s at byte %d", self._url, self.received)
         s3_stats.add(requests=1)
         try:
@@ -317,8 +352,8 @@ class _ObjectReader:
         if self._size is None:
             self._size, self._etag = size, etag
         elif size != self._size or (etag and self._etag and etag != self._etag):
-            raise FetchError(f"S3 object changed while it was read (size {self._size} -> {size})",
-                             url=self._url, offset=self.received)
+            raise FetchError(f"S3 object changed while it was read (size {self._size} -> {size}, "
+                             f"ETag {self._etag} -> {etag})", url=self._url, offset=self.received)
         if _test_break_bodies:
             self._break_after = _test_break_bodies.pop(0)
 
@@ -375,12 +410,12 @@ class _ObjectReader:
         self._break_after = None
 
 
-async def s3_stream(url: str, *, options: Any, start: int = 0) -> AsyncIterator[bytes]:
+async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncIterator[bytes]:
     """Stream the object `s3://bucket/key` from byte `start` in chunks of `options.chunk_size`.
 
     Transient failures (connection errors, timeouts, throttling, 5xx) are retried up to
-    `options.retries` times in a row with capped exponential backoff and full jitter; the budget
-    refills with every chunk delivered. A broken body resumes with a Range GET from the last byte
+    `options.retries` times in a row with capped exponential backoff and full jitter; any bytes
+    received in between refill the budget. A broken body resumes with a Range GET from the last byte
     received, checking that the length and ETag did not change. Read-ahead is the caller's job:
     this stream reads only when pulled (plus aiohttp's socket buffer).
 
@@ -414,15 +449,19 @@ def _glob_match(pattern: str, key: str) -> bool:
     return len(parts) == len(names) and all(map(fnmatch.fnmatchcase, names, parts))
 
 
-async def s3_list(url: str, *, options: Any = None, page_size: int = 1000) -> List[str]:
+async def s3_list(url: str, *, options: Optional[FetchOptions] = None, page_size: int = 1000) -> List[str]:
     """Expand `s3://bucket/prefix/` (every object under it) or a glob such as
     `s3://bucket/train-*.tar` into sorted `s3://bucket/key` URLs.
 
     A URL without glob characters is a prefix (a `/` is added); a glob lists the keys under its
     longest literal prefix, page by page (`page_size` keys a request), and keeps the matches.
-    Keys ending in `/` (folder markers) are skipped. No match gives an empty list.
+    Keys ending in `/` (folder markers) are skipped. No match gives an empty list. Pass the
+    stream's `options` so that listing and streaming share one client.
+
+    Raises:
+        ShardNotFound: no such bucket. FetchError: access denied, retries spent, ...
     """
-    options = options or _ListOptions()
+    options = options or FetchOptions()  # the defaults of a stream: the same client serves both
     bucket, pattern = _split(url)
     magic = _GLOB_CHARS.search(pattern)
     request: Dict[str, Any] = {"Bucket": bucket, "MaxKeys": page_size}

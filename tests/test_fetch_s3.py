@@ -1,0 +1,440 @@
+"""shardstream._s3 against a real moto_server subprocess: streams, offsets, errors, resume, listing."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
+
+from motoserver import free_port, moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
+from shardstream import _fetch, _s3
+from shardstream._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
+
+pytestmark = pytest.mark.timeout(30)
+
+KB = 1024
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class Options:
+    """Stand-in for the fetch options dataclass (owned by shardstream._fetch)."""
+
+    connect_timeout: float = 5.0
+    stall_timeout: float = 10.0
+    retries: int = 3
+    backoff_base: float = 0.01
+    backoff_max: float = 0.05
+    chunk_size: int = 256 * KB
+    prefetch_bytes: int = 4 * 1024 * KB
+
+
+def payload(n: int) -> bytes:
+    return os.urandom(n)
+
+
+def run(make_coro, timeout: float = 20.0):
+    """Run one test body on a fresh loop (as asyncio.run: the client closes with the loop)."""
+    return asyncio.run(asyncio.wait_for(make_coro(), timeout))
+
+
+async def collect(url, options=Options(), start=0):
+    return [chunk async for chunk in _s3.s3_stream(url, options=options, start=start)]
+
+
+async def recorded(operation: str, options=Options()) -> list:
+    """Headers of every HTTP request the loop's client sends for `operation` (botocore event hook)."""
+    sent: list = []
+    client = await _s3._client(options)
+    client.meta.events.register(
+        f"before-send.s3.{operation}", lambda request, **_: sent.append(dict(request.headers))
+    )
+    return sent
+
+
+def header(headers: dict, name: str):
+    value = headers.get(name)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@pytest.fixture
+def bucket(s3_env, s3_admin):
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    s3_admin.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(autouse=True)
+def no_break_hook():
+    yield
+    _s3._test_break_bodies.clear()
+
+
+def delta(before: dict) -> dict:
+    after = _s3.s3_stats.snapshot()
+    return {k: after[k] - before[k] for k in after}
+
+
+# ---- whole objects and offsets ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1000, 5 * 1024 * KB + 123], ids=["empty", "small", "5MB"])
+def test_stream_equals_object(bucket, s3_admin, size):
+    data = payload(size)
+    s3_admin.put_object(Bucket=bucket, Key="shard.tar", Body=data)
+    before = _s3.s3_stats.snapshot()
+    chunks = run(lambda: collect(f"s3://{bucket}/shard.tar"))
+    assert b"".join(chunks) == data
+    assert all(len(c) == Options.chunk_size for c in chunks[:-1]) and all(chunks)
+    counts = delta(before)
+    assert counts["bytes"] == size and counts["requests"] == 1 and counts["retries"] == 0
+
+
+def test_start_offsets(bucket, s3_admin):
+    data = payload(700 * KB)
+    s3_admin.put_object(Bucket=bucket, Key="x.tar", Body=data)
+    url = f"s3://{bucket}/x.tar"
+
+    async def body():
+        sent = await recorded("GetObject")
+        for start in (1, Options.chunk_size, len(data) - 1, len(data)):
+            assert b"".join(await collect(url, start=start)) == data[start:], start
+        assert [header(h, "Range") for h in sent] == [
+            "bytes=1-", f"bytes={Options.chunk_size}-", f"bytes={len(data) - 1}-", f"bytes={len(data)}-"
+        ]
+        with pytest.raises(FetchError) as info:
+            await collect(url, start=len(data) + 5)
+        assert not isinstance(info.value, (ShardNotFound, NetworkError))
+        assert info.value.offset == len(data) + 5
+        assert "past the end" in str(info.value) and url in str(info.value)
+
+    run(body)
+
+
+def test_start_at_end_of_empty_object(bucket, s3_admin):
+    s3_admin.put_object(Bucket=bucket, Key="empty", Body=b"")
+    assert run(lambda: collect(f"s3://{bucket}/empty", start=0)) == []
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+def test_missing_key_is_shard_not_found_at_once(bucket):
+    url = f"s3://{bucket}/nope.tar"
+    slow = Options(retries=5, backoff_base=2.0, backoff_max=2.0)  # one retry would show in the time
+
+    async def body():
+        sent = await recorded("GetObject", slow)
+        before = _s3.s3_stats.snapshot()
+        t0 = time.monotonic()
+        with pytest.raises(ShardNotFound) as info:
+            await collect(url, slow)
+        return time.monotonic() - t0, len(sent), delta(before), info.value
+
+    elapsed, requests, counts, error = run(body)
+    assert elapsed < 1.0 and requests == 1 and counts["retries"] == 0 and counts["errors"] == 1
+    assert isinstance(error, FileNotFoundError) and error.url == url and error.offset == 0
+    assert url in str(error) and "NoSuchKey" in str(error)
+
+
+def test_missing_bucket_is_shard_not_found(s3_env):
+    url = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/a.tar"
+    with pytest.raises(ShardNotFound, match="NoSuchBucket") as info:
+        run(lambda: collect(url, Options(backoff_base=2.0, backoff_max=2.0)))
+    assert url in str(info.value)
+    with pytest.raises(ShardNotFound):
+        run(lambda: _s3.s3_list(url.rsplit("/", 1)[0] + "/"))
+
+
+def test_bad_urls_are_usage_errors(s3_env):
+    for url in ("http://x/y", "s3:///key"):
+        with pytest.raises(UsageError):
+            run(lambda: collect(url))
+    with pytest.raises(UsageError):
+        run(lambda: collect("s3://b/k", start=-1))
+
+
+def test_connection_refused_retries_then_network_error(s3_env, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nobody listens
+    before = _s3.s3_stats.snapshot()
+    with pytest.raises(NetworkError) as info:
+        run(lambda: collect("s3://b/k.tar", Options(retries=2)))
+    assert delta(before)["retries"] == 2 and delta(before)["requests"] == 3
+    assert "s3://b/k.tar" in str(info.value) and info.value.offset == 0
+
+
+def test_stall_timeout(s3_env, monkeypatch):
+    """A server that accepts and never answers: FetchTimeout after the stall timeout, retried."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        t0 = time.monotonic()
+        with pytest.raises(FetchTimeout) as info:
+            run(lambda: collect("s3://b/k.tar", Options(stall_timeout=0.3, retries=1)))
+        assert 0.5 < time.monotonic() - t0 < 5
+    assert isinstance(info.value, TimeoutError) and "s3://b/k.tar" in str(info.value)
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    reply = {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(reply, "GetObject")
+
+
+@pytest.mark.parametrize(
+    "exc, kind",
+    [
+        (_client_error("NoSuchKey", 404), ShardNotFound),
+        (_client_error("404", 404), ShardNotFound),
+        (_client_error("NoSuchBucket", 404), ShardNotFound),
+        (_client_error("AccessDenied", 403), FetchError),
+        (_client_error("InvalidAccessKeyId", 403), FetchError),
+        (_client_error("PreconditionFailed", 412), FetchError),
+        (_client_error("SlowDown", 503), NetworkError),
+        (_client_error("InternalError", 500), NetworkError),
+        (_client_error("RequestTimeout", 400), FetchTimeout),
+        (EndpointConnectionError(endpoint_url="http://h"), NetworkError),
+        (ReadTimeoutError(endpoint_url="http://h"), FetchTimeout),
+        (asyncio.TimeoutError(), FetchTimeout),
+        (ConnectionResetError(), NetworkError),
+        (NoCredentialsError(), FetchError),
+    ],
+)
+def test_translate(exc, kind):
+    error = _s3._translate(exc, url="s3://b/k", offset=7)
+    assert type(error) is kind and error.url == "s3://b/k" and error.offset == 7
+
+
+def test_translate_leaves_bugs_alone():
+    assert _s3._translate(KeyError("x"), url="s3://b/k", offset=0) is None
+
+
+@pytest.mark.parametrize("code, status, calls", [("AccessDenied", 403, 1), ("SlowDown", 503, 4)])
+def test_retry_policy(code, status, calls):
+    attempts = []
+
+    async def failing():
+        attempts.append(1)
+        raise _client_error(code, status)
+
+    with pytest.raises(FetchError) as info:
+        run(lambda: _s3._retrying(failing, url="s3://b/k", options=Options(retries=3)))
+    assert len(attempts) == calls and code in str(info.value) and "s3://b/k" in str(info.value)
+
+
+# ---- resume --------------------------------------------------------------------------------
+
+
+def test_resume_after_broken_body(bucket, s3_admin):
+    data = payload(1024 * KB + 17)
+    put = s3_admin.put_object(Bucket=bucket, Key="r.tar", Body=data)
+    url = f"s3://{bucket}/r.tar"
+
+    async def body():
+        sent = await recorded("GetObject")
+        _s3._test_break_bodies[:] = [100_000, 50]  # first body breaks at 100000, the next 50 later
+        before, fetch_before = _s3.s3_stats.snapshot(), _fetch.fetch_stats().snapshot()
+        chunks = await collect(url)
+        fetch_after = _fetch.fetch_stats().snapshot()
+        return chunks, sent, delta(before), {k: fetch_after[k] - fetch_before[k] for k in fetch_after}
+
+    chunks, sent, counts, fetch_counts = run(body)
+    assert b"".join(chunks) == data
+    assert all(len(c) == Options.chunk_size for c in chunks[:-1])  # a resume does not split chunks
+    assert [header(h, "Range") for h in sent] == [None, "bytes=100000-", "bytes=100050-"]
+    assert [header(h, "If-Match") for h in sent] == [None, put["ETag"], put["ETag"]]
+    assert counts["resumes"] == 2 and counts["retries"] == 2 and counts["bytes"] == len(data)
+    assert fetch_counts["resumes"] == 2 and fetch_counts["retries"] == 2  # reported to the fetch layer
+
+
+def test_resume_from_a_start_offset(bucket, s3_admin):
+    data = payload(300 * KB)
+    s3_admin.put_object(Bucket=bucket, Key="r.tar", Body=data)
+
+    async def body():
+        sent = await recorded("GetObject")
+        _s3._test_break_bodies[:] = [10]
+        return await collect(f"s3://{bucket}/r.tar", start=1000), sent
+
+    chunks, sent = run(body)
+    assert b"".join(chunks) == data[1000:]
+    assert [header(h, "Range") for h in sent] == ["bytes=1000-", "bytes=1010-"]
+
+
+def test_object_replaced_mid_stream_is_an_error(bucket, s3_admin):
+    s3_admin.put_object(Bucket=bucket, Key="c.tar", Body=payload(600 * KB))
+    url = f"s3://{bucket}/c.tar"
+
+    async def body():
+        _s3._test_break_bodies[:] = [Options.chunk_size + 5]
+        stream = _s3.s3_stream(url, options=Options())
+        first = await stream.__anext__()
+        s3_admin.put_object(Bucket=bucket, Key="c.tar", Body=payload(600 * KB))  # a new ETag
+        try:
+            with pytest.raises(FetchError) as info:
+                async for _ in stream:
+                    pass
+        finally:
+            await stream.aclose()
+        return first, info.value
+
+    first, error = run(body)
+    assert len(first) == Options.chunk_size
+    assert "changed" in str(error) and not isinstance(error, NetworkError)
+    assert url in str(error) and error.offset == Options.chunk_size + 5
+
+
+def test_retries_are_spent_on_a_body_that_keeps_breaking(bucket, s3_admin):
+    s3_admin.put_object(Bucket=bucket, Key="k.tar", Body=payload(300 * KB))
+    _s3._test_break_bodies[:] = [0] * 10  # every response breaks before its first byte
+    with pytest.raises(NetworkError, match="test hook") as info:
+        run(lambda: collect(f"s3://{bucket}/k.tar", Options(retries=2)))
+    assert info.value.offset == 0
+
+
+def test_progress_between_breaks_refills_the_retry_budget(bucket, s3_admin):
+    data = payload(300 * KB)
+    s3_admin.put_object(Bucket=bucket, Key="k.tar", Body=data)
+    _s3._test_break_bodies[:] = [40 * KB] * 6  # six breaks, each after some progress
+    before = _s3.s3_stats.snapshot()
+    assert b"".join(run(lambda: collect(f"s3://{bucket}/k.tar", Options(retries=1)))) == data
+    assert delta(before)["resumes"] == 6
+
+
+def test_early_break_by_the_consumer(bucket, s3_admin):
+    s3_admin.put_object(Bucket=bucket, Key="big.tar", Body=payload(2048 * KB))
+
+    async def body():
+        stream = _s3.s3_stream(f"s3://{bucket}/big.tar", options=Options())
+        async for _chunk in stream:
+            break
+        await stream.aclose()
+        return b"".join(await collect(f"s3://{bucket}/big.tar", start=2048 * KB - 3))
+
+    assert len(run(body)) == 3
+
+
+# ---- listing -------------------------------------------------------------------------------
+
+
+def test_list_prefix_and_glob_with_pagination(bucket, s3_admin):
+    keys = [f"train-{i:03d}.tar" for i in range(7)]
+    keys += ["val-000.tar", "sub/train-100.tar", "sub/deep/x.tar", "sub/"]
+    for key in keys:
+        s3_admin.put_object(Bucket=bucket, Key=key, Body=b"x")
+    base = f"s3://{bucket}"
+
+    async def body():
+        sent = await recorded("ListObjectsV2")
+        globbed = await _s3.s3_list(f"{base}/train-*.tar", options=Options(), page_size=2)
+        pages = len(sent)
+        everything = await _s3.s3_list(f"{base}/", page_size=3)
+        sub = await _s3.s3_list(f"{base}/sub", page_size=3)
+        nested = await _s3.s3_list(f"{base}/*/train-1??.tar")
+        none = await _s3.s3_list(f"{base}/nothing-*.tar")
+        return globbed, pages, everything, sub, nested, none
+
+    globbed, pages, everything, sub, nested, none = run(body)
+    assert globbed == [f"{base}/train-{i:03d}.tar" for i in range(7)] and pages == 4
+    assert everything == sorted(f"{base}/{k}" for k in keys if not k.endswith("/"))
+    assert sub == [f"{base}/sub/deep/x.tar", f"{base}/sub/train-100.tar"]
+    assert nested == [f"{base}/sub/train-100.tar"] and none == []
+
+
+def test_glob_match_stays_in_one_segment():
+    assert _s3._glob_match("a/*.tar", "a/x.tar")
+    assert not _s3._glob_match("a/*.tar", "a/b/x.tar")
+    assert _s3._glob_match("a/[0-9]?.tar", "a/1x.tar")
+
+
+# ---- client life and configuration ----------------------------------------------------------
+
+
+def test_one_client_per_loop_closed_with_the_loop(bucket, s3_admin, caplog):
+    s3_admin.put_object(Bucket=bucket, Key="a", Body=b"abc")
+
+    async def body():
+        first, second = await asyncio.gather(_s3._client(Options()), _s3._client(Options()))
+        assert first is second
+        assert b"".join(await collect(f"s3://{bucket}/a")) == b"abc"
+        return asyncio.get_running_loop()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop = run(body)
+        gc.collect()
+    assert not any(key[0] is loop for key in _s3._clients)
+    assert [w for w in caught if "nclosed" in str(w.message)] == []
+    assert "nclosed" not in caplog.text  # aiohttp logs an unclosed session through the loop
+
+
+def test_background_loop_thread_and_explicit_close(bucket, s3_admin):
+    """The engine's shape: a loop in a thread; its owner awaits close_s3_clients() before stopping."""
+    s3_admin.put_object(Bucket=bucket, Key="a", Body=b"hello")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        got = asyncio.run_coroutine_threadsafe(collect(f"s3://{bucket}/a"), loop).result(10)
+        assert b"".join(got) == b"hello"
+        assert any(key[0] is loop for key in _s3._clients)
+        asyncio.run_coroutine_threadsafe(_s3.close_s3_clients(), loop).result(10)
+        assert not any(key[0] is loop for key in _s3._clients)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+FORK_SCRIPT = """
+import asyncio, os, sys, threading, time
+from shardstream import _s3
+from test_fetch_s3 import Options
+url = sys.argv[1]
+
+async def get():
+    return b"".join([chunk async for chunk in _s3.s3_stream(url, options=Options())])
+
+loop = asyncio.new_event_loop()
+threading.Thread(target=loop.run_forever, daemon=True).start()
+first = asyncio.run_coroutine_threadsafe(get(), loop).result(10)
+t0 = time.monotonic()
+pid = os.fork()
+if pid == 0:  # the child streams on its own loop, then exits normally (atexit, finalisers)
+    assert asyncio.run(get()) == first and not _s3._clients and _s3._inherited
+    sys.exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+assert asyncio.run_coroutine_threadsafe(get(), loop).result(10) == first
+asyncio.run_coroutine_threadsafe(_s3.close_s3_clients(), loop).result(10)
+print(f"ok {time.monotonic() - t0:.2f}")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_child_leaves_the_parents_client_alone(bucket, s3_admin):
+    """A forked child (DataLoader workers) neither closes nor waits for the parent's client."""
+    s3_admin.put_object(Bucket=bucket, Key="a", Body=payload(300 * KB))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)]))
+    done = subprocess.run([sys.executable, "-c", FORK_SCRIPT, f"s3://{bucket}/a"], env=env,
+                          capture_output=True, text=True, timeout=25)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok ") and float(done.stdout.split()[1]) < 3  # no exit-time wait
+    assert "nclosed" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_service_specific_endpoint_variable(bucket, s3_admin, monkeypatch, s3_env):
+    s3_admin.put_object(Bucket=bucket, Key="a", Body=b"svc")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # would fail
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_env)  # takes precedence
+    assert b"".join(run(lambda: collect(f"s3://{bucket}/a"))) == b"svc"
