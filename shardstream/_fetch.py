@@ -296,6 +296,8 @@ class _Buffer:
         """Consumer side: the next chunk, _END or _Failure, waiting while there is none."""
         with self.cond:
             while not self.items:
+                if self.closed:  # closed by another thread while this one waited
+                    return _END
                 self.cond.wait()
             item = self.items[0]
             if item.__class__ is not bytes:
@@ -385,6 +387,8 @@ class ChunkStream:
 
     def close(self, timeout: Optional[float] = 5.0) -> None:
         """Cancel the download (if still running) and wait up to `timeout` s for it to stop."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the pump is the parent's, and a parent thread may hold the lock
         buffer = self._buffer
         with buffer.cond:
             if buffer.closed:
@@ -393,7 +397,7 @@ class ChunkStream:
             buffer.items.clear()
             buffer.buffered = 0
             buffer.cond.notify_all()
-        if self._future.done() or os.getpid() != self._pid:
+        if self._future.done():
             return
         try:
             self._loop.call_soon_threadsafe(buffer.cancel_on_loop)

@@ -46,7 +46,9 @@ def _scrub(text: str, url: str) -> str:
     text = text.replace(url, redacted)
     parts, safe = urlsplit(url), urlsplit(redacted)
     if parts.password:
-        text = text.replace(parts.password, "***")
+        text = text.replace(f"{parts.username}:{parts.password}@", "***@")
+        if len(parts.password) >= 4:  # shorter ones would match ordinary words
+            text = text.replace(parts.password, "***")
     if parts.query and parts.query != safe.query:
         text = text.replace(parts.query, safe.query)
     return text
@@ -58,7 +60,8 @@ def translate_error(exc: BaseException, url: str, offset: int) -> Tuple[FetchErr
         return exc, isinstance(exc, (NetworkError, FetchTimeout))
     detail = _scrub(f"{type(exc).__name__}: {exc}", url)
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):  # before OSError: some are both
-        return FetchTimeout(f"timed out (no data within the stall/connect timeout): {detail}", url=url, offset=offset), True
+        message = f"timed out (no data within the stall/connect timeout): {detail}"
+        return FetchTimeout(message, url=url, offset=offset), True
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         return FetchError(f"TLS certificate rejected: {detail}", url=url, offset=offset), False
     if isinstance(exc, (aiohttp.InvalidURL, aiohttp.TooManyRedirects, ValueError)):
@@ -89,6 +92,7 @@ class _Transfer:
         self.url = url
         self.received = start  # absolute offset of the next byte wanted
         self.total: Optional[int] = None  # the object's size, once a response says
+        self.total_exact = False  # said by Content-Range, not only by a 200's Content-Length
         self.response_end: Optional[int] = None  # where the current response's body ends
         self.etag: Optional[str] = None
         self.last_modified: Optional[str] = None
@@ -123,6 +127,7 @@ class _Transfer:
             size = int(match.group(3)) if match and match.group(3) != "*" else None
             if size == self.received or (size is None and self.total is None):
                 self.total = self.received  # we already have every byte (a lying length got us here)
+                self.total_exact = True
                 return None
             raise self.error(f"{what}: range starts past the end of the object (size {size})")
         if status in _RETRY_STATUSES:
@@ -134,10 +139,8 @@ class _Transfer:
             return self._accept_partial(resp)
         length = resp.content_length
         if length is not None:
-            self._set_total(length)
+            self._set_total(length, exact=False)
         self.response_end = length
-        if self.received > (length if length is not None else self.received):
-            raise self.error(f"object is shorter ({length} bytes) than the bytes already received")
         return self.received  # a 200 starts at byte 0: drop what we already have
 
     def _accept_partial(self, resp: aiohttp.ClientResponse) -> int:
@@ -149,21 +152,27 @@ class _Transfer:
         if first > self.received:
             raise self.error(f"asked for bytes from {self.received}, got a range from {first}")
         if size != "*":
-            self._set_total(int(size))
+            self._set_total(int(size), exact=True)
         self.response_end = last + 1
         return self.received - first
 
-    def _set_total(self, size: int) -> None:
-        if self.total is not None and size != self.total:
+    def _set_total(self, size: int, exact: bool) -> None:
+        # A 200's Content-Length can lie (a body that ends short of it is retried, and the
+        # resume's Content-Range tells the truth); two statements of the same kind must agree.
+        if self.total is not None and size != self.total and exact == self.total_exact:
             raise self.error(f"object size changed during the download ({self.total} -> {size} bytes)")
-        self.total = size
+        if self.total is None or exact or not self.total_exact:
+            self.total, self.total_exact = size, exact
+        if self.received > self.total:
+            raise self.error(f"object is shorter ({self.total} bytes) than the bytes already received")
 
     def _check_same_object(self, resp: aiohttp.ClientResponse) -> None:
         etag, modified = resp.headers.get(hdrs.ETAG), resp.headers.get(hdrs.LAST_MODIFIED)
         if self.etag and etag and etag != self.etag:
             raise self.error(f"object changed during the download (ETag {self.etag} -> {etag})")
         if not self.etag and self.last_modified and modified and modified != self.last_modified:
-            raise self.error(f"object changed during the download (Last-Modified {self.last_modified} -> {modified})")
+            change = f"Last-Modified {self.last_modified} -> {modified}"
+            raise self.error(f"object changed during the download ({change})")
         self.etag, self.last_modified = etag or self.etag, modified or self.last_modified
 
 
@@ -178,7 +187,9 @@ async def http_stream(url: str, *, options: FetchOptions, start: int = 0) -> Asy
     while not transfer.complete:
         attempt_start = transfer.received
         try:
-            async with session.get(url, headers=transfer.request_headers(), timeout=timeout, read_bufsize=options.chunk_size) as resp:
+            headers = transfer.request_headers()
+            # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
+            async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
                 skip = transfer.accept(resp)
                 if skip is None:
                     return
@@ -188,18 +199,20 @@ async def http_stream(url: str, *, options: FetchOptions, start: int = 0) -> Asy
                             skip -= len(chunk)
                             continue
                         chunk, skip = chunk[skip:], 0
-                    if transfer.total is not None and transfer.received + len(chunk) > transfer.total:
-                        raise transfer.error(f"body is longer than the advertised {transfer.total} bytes")
+                    total = transfer.total
+                    if total is not None and transfer.received + len(chunk) > total:
+                        raise transfer.error(f"body is longer than the advertised {total} bytes")
                     transfer.received += len(chunk)
                     yield chunk
                 if skip:
-                    raise transfer.error("the server's full response is shorter than the bytes already received")
+                    raise transfer.error("the full response is shorter than the bytes already received")
             if transfer.total is None or transfer.complete:
                 return
             end = transfer.response_end
             if end is not None and transfer.received >= end:
                 continue  # a server that sends large objects in parts (206 short of the total)
-            raise _Retry(transfer.error(f"body ended early ({transfer.received} of {transfer.total} bytes)", NetworkError))
+            short = f"body ended early ({transfer.received} of {transfer.total} bytes)"
+            raise _Retry(transfer.error(short, NetworkError))
         except _Retry as retry:
             error, retry_after = retry.error, retry.retry_after
         except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
@@ -211,11 +224,16 @@ async def http_stream(url: str, *, options: FetchOptions, start: int = 0) -> Asy
             return
         failures = 1 if transfer.received > attempt_start else failures + 1
         if failures > options.retries:
-            raise type(error)(f"{error.message}; gave up after {failures} attempts", url=url, offset=transfer.received) from error
-        delay = random.uniform(0.0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
+            message = f"{error.message}; gave up after {failures} attempts"
+            raise type(error)(message, url=url, offset=transfer.received) from error
         if retry_after is not None:
             delay = min(retry_after, options.backoff_max)
+        else:  # full jitter: spreads out clients that failed together
+            delay = random.uniform(0.0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
         note_fetch(retries=1, resumes=int(transfer.received > 0))
         level = logging.INFO if failures >= 3 else logging.DEBUG
-        log.log(level, "retry %d/%d of %s from byte %d in %.2f s: %s", failures, options.retries, redact_url(url), transfer.received, delay, error.message)
+        log.log(
+            level, "retry %d/%d of %s from byte %d in %.2f s: %s",
+            failures, options.retries, redact_url(url), transfer.received, delay, error.message,
+        )
         await asyncio.sleep(delay)

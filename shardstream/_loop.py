@@ -15,9 +15,9 @@ import concurrent.futures
 import logging
 import os
 import threading
-from typing import Any, Coroutine, Dict, List, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional, TypeVar
 
-__all__ = ["close_session", "get_loop", "get_session", "run_coroutine", "shutdown_loop"]
+__all__ = ["add_shutdown_hook", "close_session", "get_loop", "get_session", "run_coroutine", "shutdown_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ _lock = threading.Lock()
 _current: Optional[_LoopThread] = None
 _sessions: Dict[asyncio.AbstractEventLoop, Any] = {}  # loop -> aiohttp.ClientSession
 _exiting = False
+_shutdown_hooks: List[Callable[[], Awaitable[None]]] = []
 # Objects inherited from the parent across fork. Kept alive on purpose: their finalizers would
 # touch sockets and an epoll set that the child shares with the parent.
 _inherited: List[Any] = []
@@ -78,7 +79,8 @@ async def get_session() -> Any:
 
     Requests pick their own timeouts; the session only pools connections. Bodies are not
     decompressed and no compression is asked for: shards are fetched byte for byte (as curl
-    does), which is also what makes byte offsets for Range resumes meaningful.
+    does), which is also what makes byte offsets for Range resumes meaningful. On a loop of
+    your own, `await close_session()` before that loop closes.
     """
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)
@@ -106,14 +108,26 @@ async def close_session() -> None:
         await session.close()
 
 
+def add_shutdown_hook(hook: Callable[[], Awaitable[None]]) -> None:
+    """Have `await hook()` run on the shared loop when it shuts down (after its tasks are
+    cancelled, before its HTTP session closes): for clients of other protocols (S3) to close."""
+    with _lock:
+        _shutdown_hooks.append(hook)
+
+
 async def _close_all_on_loop() -> None:
-    """Cancel every other task on this loop, wait for them, then close its session."""
+    """Cancel every other task on this loop, wait for them, run the hooks, close the session."""
     me = asyncio.current_task()
     tasks = [task for task in asyncio.all_tasks() if task is not me]
     for task in tasks:
         task.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=_SHUTDOWN_TIMEOUT_S / 2)
+    for hook in list(_shutdown_hooks):
+        try:
+            await hook()
+        except Exception as exc:  # noqa: BLE001 - one failing hook must not keep others open
+            log.warning("shardstream loop shutdown hook %r failed: %r", hook, exc)
     await close_session()
     await asyncio.get_running_loop().shutdown_asyncgens()
 
@@ -125,14 +139,15 @@ def shutdown_loop(timeout: float = _SHUTDOWN_TIMEOUT_S) -> None:
     """
     global _current
     with _lock:
-        current, _current = _current, None
-    if current is None:
-        return
-    if current.pid != os.getpid():
-        _inherited.append(current)
-        return
-    if threading.current_thread() is current.thread:
-        raise RuntimeError("shutdown_loop() called from the loop thread")
+        current = _current
+        if current is None:
+            return
+        if current.pid != os.getpid():
+            _forget_parent_state()
+            return
+        if threading.current_thread() is current.thread:
+            raise RuntimeError("shutdown_loop() called from the loop thread")
+        _current = None
     loop = current.loop
     try:
         asyncio.run_coroutine_threadsafe(_close_all_on_loop(), loop).result(timeout)

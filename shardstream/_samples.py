@@ -6,10 +6,12 @@ generators). `TarShardSamples` is the pipeline stage that opens each URL and run
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 from urllib.parse import urlparse
 
 from ._errors import FormatError, ShardStreamError, UsageError
+from ._fetch import ChunkStream, FetchOptions, open_stream
 from ._index import index_position
 from ._keys import base_plus_ext, is_meta
 from ._members import member_batches
@@ -95,6 +97,15 @@ def shard_samples(
         yield current
 
 
+_NO_ITEM = object()
+_REMOTE = ("http://", "https://", "s3://")
+
+
+def _is_remote(url: str) -> bool:
+    """Shards fetched by our own async clients (the rest go through _open: files, pipe:, fsspec)."""
+    return url.startswith(_REMOTE)
+
+
 def shard_range(item: Any) -> tuple:
     """(start, stop) sample indices of a shard-list item: dict(url=..., start=..., stop=...)."""
     if isinstance(item, dict):
@@ -133,6 +144,9 @@ class TarShardSamples(PipelineStage):
             `tarfile_to_samples` does not).
         cache: a ShardCache for remote shards (memory / disk tiers, stream-through); local
             shards are read in place.
+        fetch_options: timeouts, retries, chunk and prefetch sizes for http(s) and s3 shards.
+        shards_in_flight: remote shards downloading at once: the next ones start while the
+            current one is parsed (each buffers at most fetch_options.prefetch_bytes ahead).
     """
 
     name = "tar_samples"
@@ -147,8 +161,14 @@ class TarShardSamples(PipelineStage):
         opener: Optional[Callable[[str], Iterable[bytes]]] = None,
         local_paths: bool = False,
         cache: Optional[ShardCache] = None,
+        fetch_options: Optional[FetchOptions] = None,
+        shards_in_flight: int = 4,
     ) -> None:
+        if shards_in_flight < 1:
+            raise ValueError("shards_in_flight must be >= 1")
         self.cache = cache
+        self.fetch_options = fetch_options
+        self.shards_in_flight = shards_in_flight
         self.local_paths = local_paths
         self.source_stats = SourceStats()
         self.handler = handler
@@ -157,31 +177,44 @@ class TarShardSamples(PipelineStage):
         self.allow_pipe = allow_pipe
         self.opener = opener
 
-    def open(self, url: str, start: int = 0) -> Iterable[bytes]:
-        """The shard's bytes from `start` in chunks: the opener, else the cache (remote shards
-        read from the start), else the origin (local files, pipe:, fsspec)."""
+    def open(self, url: str, start: int = 0, ready: Optional[ChunkStream] = None) -> Iterable[bytes]:
+        """The shard's bytes from byte `start` in chunks: the opener, else the cache (remote
+        shards read from the start), else the origin. `ready` is a stream opened ahead."""
         if self.opener is not None:
             if start:
                 raise UsageError("a custom opener cannot start mid-shard", url=url)
             return self.opener(url)
         if self.cache is not None and not start and local_path_of(url) is None:
-            return self.cache.stream(url, self._origin)
-        return self._origin(url, start)
+            return self.cache.stream(url, lambda u: ready if ready is not None else self._origin(u))
+        return ready if ready is not None else self._origin(url, start)
 
     def _origin(self, url: str, start: int = 0) -> Iterable[bytes]:
+        if _is_remote(url):
+            return open_stream(url, options=self.fetch_options, start=start)
         return iter_chunks(url, allow_pipe=self.allow_pipe, start=start)
 
-    def batches(self, url: str, start_offset: int = 0) -> Iterator[List[TarMember]]:
+    def _open_ahead(self, url: str, start: int) -> Optional[ChunkStream]:
+        """Start downloading a remote shard now (unless it is served from the cache)."""
+        if self.opener is not None or start or not _is_remote(url):
+            return None
+        if self.cache is not None and self.cache.local_path(url) is not None:
+            return None
+        return open_stream(url, options=self.fetch_options)
+
+    def batches(self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None) -> Iterator[List[TarMember]]:
         """The shard's members in batches; local files are mapped unless an opener is set."""
         mappable = local_path_of(url) if self.opener is None else None
-        return member_batches(url, mappable, self.open, self.source_stats, start_offset)
+        return member_batches(url, mappable, lambda u, s: self.open(u, s, ready), self.source_stats, start_offset)
 
-    def _shard(self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+    def _shard(
+        self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,
+        ready: Optional[ChunkStream] = None,
+    ) -> Iterator[Dict[str, Any]]:
         """The samples [start, stop) of one shard; an `.idx` beside a local shard lets it seek."""
         offset, skip = 0, start
         if start:
             offset, skip = index_position(url, start)
-        batches = self.batches(url, offset)
+        batches = self.batches(url, offset, ready if not offset else None)
         samples = shard_samples(
             batches,
             url,
@@ -206,19 +239,42 @@ class TarShardSamples(PipelineStage):
         return bool(self.handler(exn))
 
     def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
-        for item in src:
-            url, local_path = source_url(item, self.local_paths)
-            start, stop = shard_range(item)
-            count = 0
-            try:
-                for sample in self._shard(url, local_path, start, stop):
-                    count += 1
-                    yield sample
-            except Exception as exn:
-                if self._failed(exn, url):
-                    continue
-                return
-            self.source_stats.add(shards=1, samples=count)
+        items = iter(src)
+        ahead: Deque[Tuple[Any, Optional[ChunkStream]]] = deque()
+
+        def fill() -> None:
+            while len(ahead) < self.shards_in_flight:
+                item = next(items, _NO_ITEM)
+                if item is _NO_ITEM:
+                    return
+                url, _ = source_url(item, False)
+                ahead.append((item, self._open_ahead(url, shard_range(item)[0])))
+
+        try:
+            while True:
+                fill()
+                if not ahead:
+                    return
+                item, ready = ahead.popleft()
+                url, local_path = source_url(item, self.local_paths)
+                start, stop = shard_range(item)
+                count = 0
+                try:
+                    for sample in self._shard(url, local_path, start, stop, ready):
+                        count += 1
+                        yield sample
+                except Exception as exn:
+                    if not self._failed(exn, url):
+                        return
+                else:
+                    self.source_stats.add(shards=1, samples=count)
+                finally:
+                    if ready is not None:
+                        ready.close()
+        finally:
+            for _item, ready in ahead:
+                if ready is not None:
+                    ready.close()
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         return self.run(src)

@@ -1,0 +1,461 @@
+"""The fetch layer against a real HTTP server (tools/shardserver.py): exact bytes, latency and
+bandwidth, injected faults, retries and Range resumes, errors, early close, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+from shardserver import ShardServer  # noqa: E402
+
+from shardstream import _fetch  # noqa: E402
+from shardstream._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError  # noqa: E402
+from shardstream._fetch import FetchOptions, fetch_stats, fetch_stream, open_stream, register_fetcher  # noqa: E402
+from shardstream._loop import get_loop, run_coroutine  # noqa: E402
+
+pytestmark = pytest.mark.timeout(20)
+
+KIB, MIB = 1 << 10, 1 << 20
+FAST = FetchOptions(backoff_base=0.01, backoff_max=0.05, chunk_size=64 * KIB, prefetch_bytes=1 * MIB, stall_timeout=5)
+SIZES = {"empty.bin": 0, "one.bin": 1, "small.bin": 1000, "multi.bin": 3 * 64 * KIB + 17, "big.bin": 2 * MIB + 3}
+SIZES.update({"large.bin": 16 * MIB}, **{f"par{i}.bin": 512 * KIB for i in range(4)})
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    contents = {}
+    for seed, (name, size) in enumerate(SIZES.items()):
+        contents[name] = random.Random(seed).randbytes(size)
+        (root / name).write_bytes(contents[name])
+    return root, contents
+
+
+@pytest.fixture
+def server(files):
+    with ShardServer(files[0]) as srv:
+        yield srv
+
+
+def fetch_all(url, options=FAST, **kwargs):
+    with open_stream(url, options=options, **kwargs) as stream:
+        return b"".join(stream), stream.stats.snapshot()
+
+
+async def _collect(url, options, start=0):
+    return b"".join([chunk async for chunk in fetch_stream(url, options=options, start=start)])
+
+
+def loop_tasks():
+    async def others():
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    return run_coroutine(others()).result(5)
+
+
+def wait_for(predicate, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# --- whole downloads ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["empty.bin", "one.bin", "small.bin", "multi.bin", "big.bin"])
+def test_download_equals_file(server, files, name):
+    data = files[1][name]
+    got, stats = fetch_all(server.url(name))
+    assert got == data and stats["bytes"] == len(data) and stats["retries"] == 0
+    assert run_coroutine(_collect(server.url(name), FAST)).result(10) == data
+    if data:  # from an offset: one Range request
+        assert run_coroutine(_collect(server.url(name), FAST, start=len(data) // 2)).result(10) == data[len(data) // 2 :]
+
+
+def test_chunks_respect_chunk_size(server, files):
+    with open_stream(server.url("big.bin"), options=FAST) as stream:
+        sizes = [len(chunk) for chunk in stream]
+    assert sum(sizes) == len(files[1]["big.bin"]) and max(sizes) <= FAST.chunk_size and len(sizes) > 2
+
+
+def test_fetch_stream_on_a_loop_of_your_own(server, files):
+    from shardstream._loop import close_session
+
+    async def main():
+        try:
+            return await _collect(server.url("multi.bin"), FAST)
+        finally:
+            await close_session()
+
+    assert asyncio.run(main()) == files[1]["multi.bin"]
+
+
+def test_local_paths_file_urls_and_pipe(files, tmp_path):
+    root, contents = files
+    path = str(root / "big.bin")
+    assert fetch_all(path)[0] == contents["big.bin"]
+    assert fetch_all(f"file://{path}", start=10)[0] == contents["big.bin"][10:]
+    with pytest.raises(ShardNotFound):
+        fetch_all(str(tmp_path / "missing.tar"))
+    with pytest.raises(UsageError, match="pipe"):
+        fetch_all(f"pipe:cat {path}")
+
+
+def test_latency_bandwidth_and_streams_in_parallel(server, files):
+    server.options.latency_ms = 50
+    server.options.bandwidth = 2e6  # per connection: one 512 KiB file takes ~0.3 s
+    names = [f"par{i}.bin" for i in range(4)]
+    started = time.monotonic()
+    streams = [open_stream(server.url(name), options=FAST) for name in names]  # 4 shards in flight
+    bodies = [b"".join(stream) for stream in streams]
+    elapsed = time.monotonic() - started
+    assert bodies == [files[1][name] for name in names]
+    one = 0.05 + 512 * KIB / 2e6
+    assert elapsed >= one * 0.9
+    assert elapsed < 2.5 * one  # ~max, not the sum of the four (4 * one)
+
+
+# --- faults ---------------------------------------------------------------------------------------
+
+BODY_FAULTS = {"reset", "truncate", "wrong_length", "stall"}
+
+
+@pytest.mark.parametrize("kind", ["status", "throttle", "reset", "truncate", "wrong_length", "stall"])
+def test_every_download_survives_faults(server, files, kind):
+    server.options.seed = 7
+    server.options.cut_fraction = None
+    setattr(server.options, f"{kind}_rate", 0.3)
+    options = FAST
+    if kind == "stall":
+        server.options.stall_seconds = 3
+        options = FAST.replace(stall_timeout=0.3)
+    total = {"retries": 0, "resumes": 0}
+    for name in ["big.bin", "multi.bin", "big.bin", "small.bin", "big.bin"]:
+        got, stats = fetch_all(server.url(name), options)
+        assert got == files[1][name], name
+        for key in total:
+            total[key] += stats[key]
+    seen = server.stats.snapshot()
+    assert seen.faults[kind] > 0 and total["retries"] >= seen.faults[kind]
+    if kind in BODY_FAULTS:
+        assert total["resumes"] > 0 and seen.range_requests > 0
+    if kind == "wrong_length":
+        assert seen.statuses[416] > 0  # the resume after a lying length found nothing left
+
+
+def test_mixed_faults_with_shards_in_flight(server, files):
+    opts = server.options
+    opts.seed, opts.status_rate, opts.throttle_rate, opts.reset_rate = 3, 0.1, 0.05, 0.1
+    opts.truncate_rate, opts.wrong_length_rate, opts.bandwidth = 0.1, 0.1, 20e6
+    names = ["big.bin", "multi.bin", "big.bin", "small.bin", "big.bin", "one.bin"]
+    streams = [open_stream(server.url(name), options=FAST) for name in names]
+    try:
+        assert [b"".join(stream) for stream in streams] == [files[1][name] for name in names]
+    finally:
+        for stream in streams:
+            stream.close()
+    assert sum(server.stats.faults.values()) > 0
+
+
+def test_retry_after_is_honoured(server, files):
+    server.options.retry_after = 1
+    server.options.fail_first_fault = "throttle"
+    server.options.fail_first = {"small.bin": 1}
+    started = time.monotonic()
+    got, stats = fetch_all(server.url("small.bin"), FAST.replace(backoff_max=10))
+    assert got == files[1]["small.bin"] and stats["retries"] == 1
+    assert time.monotonic() - started >= 0.9
+
+
+def test_retries_exhausted_names_the_url(server):
+    server.options.fail_first = {"big.bin": 100}
+    before = fetch_stats().snapshot()
+    with pytest.raises(FetchError) as info:
+        fetch_all(server.url("big.bin"), FAST.replace(retries=3))
+    message = str(info.value)
+    assert server.url("big.bin") in message and "503" in message and "gave up after 4 attempts" in message
+    assert "offset=0" in message and not isinstance(info.value, ShardNotFound)
+    assert server.stats.path_requests["big.bin"] == 4
+    after = fetch_stats().snapshot()
+    assert after["failures"] == before["failures"] + 1 and after["retries"] == before["retries"] + 3
+
+
+def test_not_found_is_not_retried(server):
+    with pytest.raises(ShardNotFound) as info:
+        fetch_all(server.url("nope.tar"))
+    assert isinstance(info.value, FileNotFoundError) and "404" in str(info.value)
+    assert server.stats.requests == 1
+
+
+def test_other_client_errors_are_not_retried(server):
+    server.options.require_token = "tok"
+    with pytest.raises(FetchError, match="403") as info:
+        fetch_all(server.url("small.bin"))
+    assert not isinstance(info.value, ShardNotFound) and server.stats.requests == 1
+
+
+def test_error_is_raised_again_on_next(server):
+    stream = open_stream(server.url("nope.tar"), options=FAST)
+    for _ in range(2):
+        with pytest.raises(ShardNotFound):
+            next(stream)
+    stream.close()
+    assert list(stream) == []
+
+
+def _all_text(exc):
+    return str(exc) + repr(exc) + "".join(traceback.format_exception(exc))
+
+
+def test_credentials_never_appear_in_errors(server, files):
+    token, password = "tok-SECRET-1", "pw-SECRET-2"
+    server.options.require_token = token
+    assert fetch_all(server.url("small.bin", token=token))[0] == files[1]["small.bin"]
+    with pytest.raises(ShardNotFound) as missing:
+        fetch_all(server.url("nope.tar", token=token))
+    server.options.fail_first = {"small.bin": 100}
+    with pytest.raises(FetchError) as exhausted:
+        fetch_all(server.url("small.bin", token=token), FAST.replace(retries=1))
+    for info in (missing, exhausted):
+        assert token not in _all_text(info.value) and "token=***" in str(info.value)
+
+    server.options.require_token, server.options.fail_first = None, {}
+    server.options.basic_auth = ("alice", password)
+    authed = server.url("small.bin").replace("http://", f"http://alice:{password}@")
+    assert fetch_all(authed)[0] == files[1]["small.bin"]
+    with pytest.raises(ShardNotFound) as info:
+        fetch_all(authed.replace("small.bin", "nope.tar"))
+    assert password not in _all_text(info.value) and "***@" in str(info.value)
+    with pytest.raises(NetworkError) as refused:
+        fetch_all(f"http://alice:{password}@127.0.0.1:{_closed_port()}/x.tar?token={token}", FAST.replace(retries=1))
+    assert password not in _all_text(refused.value) and token not in _all_text(refused.value)
+
+
+def _closed_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_connection_refused_is_retried_then_fails():
+    with pytest.raises(NetworkError, match="gave up after 3 attempts"):
+        fetch_all(f"http://127.0.0.1:{_closed_port()}/x.tar", FAST.replace(retries=2))
+
+
+def test_no_headers_within_the_stall_timeout(server):
+    server.options.latency_ms = 1500
+    started = time.monotonic()
+    with pytest.raises(FetchTimeout, match="gave up after 2 attempts"):
+        fetch_all(server.url("small.bin"), FAST.replace(stall_timeout=0.3, retries=1))
+    assert time.monotonic() - started < 1.4
+
+
+def test_resume_refuses_a_changed_object(server, files):
+    """The server stalls mid-body; while it does, the file changes (new ETag): no mixed bytes."""
+    path = files[0] / "multi.bin"
+    server.options.fail_first_fault, server.options.cut_fraction = "stall", 0.5
+    server.options.stall_seconds = 2
+    server.options.fail_first = {"multi.bin": 1}
+    stream = open_stream(server.url("multi.bin"), options=FAST.replace(stall_timeout=0.5))
+    try:
+        assert wait_for(lambda: server.stats.faults["stall"] == 1)
+        info = path.stat()
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 10**9))
+        with pytest.raises(FetchError, match="changed"):
+            b"".join(stream)
+    finally:
+        stream.close()
+
+
+# --- servers that misbehave in ways shardserver does not (they run on the shared loop) ----------
+
+
+async def _start_app(handle):
+    app = web.Application()
+    app.router.add_get("/{path:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/x.bin"
+
+
+def _serving(handle):
+    return run_coroutine(_start_app(handle)).result(5)
+
+
+async def _send(request, status, body, headers, content_length, cut=None):
+    response = web.StreamResponse(status=status, headers={"ETag": '"v1"', **headers})
+    response.content_length = content_length
+    await response.prepare(request)
+    await response.write(body if cut is None else body[:cut])
+    if cut is not None:
+        request.transport.close()  # a clean close mid-body
+    return response
+
+
+def test_server_that_ignores_range_gets_the_prefix_skipped(files):
+    data, ranges = files[1]["big.bin"], []
+
+    async def handle(request):  # always 200 with the whole file; the first one cut in half
+        ranges.append(request.headers.get("Range"))
+        cut = len(data) // 2 if len(ranges) == 1 else None
+        return await _send(request, 200, data, {}, len(data), cut)
+
+    runner, url = _serving(handle)
+    try:
+        got, stats = fetch_all(url)
+        assert got == data and stats["resumes"] == 1
+        assert ranges[0] is None and ranges[1] == f"bytes={len(data) // 2}-"
+        assert run_coroutine(_collect(url, FAST, start=5)).result(10) == data[5:]
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
+def test_a_lying_content_length_gives_way_to_content_range(files):
+    data, ranges = files[1]["multi.bin"], []
+
+    async def handle(request):  # first a 200 promising 1024 bytes too many, cut short; then 206s
+        ranges.append(request.headers.get("Range"))
+        if len(ranges) == 1:
+            return await _send(request, 200, data, {}, len(data) + 1024, cut=len(data) - 100)
+        first = int(request.headers["Range"][6:-1])
+        content_range = {"Content-Range": f"bytes {first}-{len(data) - 1}/{len(data)}"}
+        return await _send(request, 206, data[first:], content_range, len(data) - first)
+
+    runner, url = _serving(handle)
+    try:
+        assert fetch_all(url)[0] == data and len(ranges) == 2
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
+def test_a_body_longer_than_the_object_is_an_error(files):
+    data = files[1]["small.bin"]
+
+    async def handle(request):  # a 206 whose Content-Range total is smaller than its body
+        content_range = {"Content-Range": f"bytes 0-{len(data) - 1}/{len(data) - 10}"}
+        return await _send(request, 206, data, content_range, len(data))
+
+    runner, url = _serving(handle)
+    try:
+        with pytest.raises(FetchError, match="shorter|longer"):
+            fetch_all(url)
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
+def test_options_and_arguments_are_validated():
+    with pytest.raises(ValueError):
+        FetchOptions(retries=-1)
+    with pytest.raises(ValueError):
+        FetchOptions(chunk_size=0)
+    with pytest.raises(ValueError):
+        FetchOptions(stall_timeout=0)
+    with pytest.raises(ValueError):
+        register_fetcher("bad scheme!", None)
+    with pytest.raises(ValueError):
+        open_stream("x", start=-1)
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+
+def test_registered_fetchers_and_lazy_imports(server, files, monkeypatch):
+    async def memory(url, *, options, start=0):
+        for i in range(start, 10):
+            yield bytes([i])
+
+    async def broken(url, *, options, start=0):
+        yield b"x"
+        raise RuntimeError("kaput")
+
+    previous = register_fetcher("mem", memory)
+    try:
+        assert previous is None
+        assert fetch_all("mem://anything", start=3)[0] == bytes(range(3, 10))
+        register_fetcher("mem", broken)
+        with pytest.raises(FetchError, match="kaput") as info:
+            fetch_all("mem://thing")
+        assert info.value.offset == 1
+    finally:
+        register_fetcher("mem", None)
+    # A missing optional module fails only the URLs of its scheme.
+    monkeypatch.setitem(_fetch._fetchers, "s3", "._no_such_module:s3_stream")
+    with pytest.raises(UsageError, match="s3"):
+        fetch_all("s3://bucket/key.tar")
+    assert fetch_all(server.url("small.bin"))[0] == files[1]["small.bin"]
+
+
+# --- early close, garbage collection, backpressure ------------------------------------------------
+
+
+def test_close_mid_download_stops_promptly(server, files):
+    fetch_all(server.url("small.bin"))  # warm: loop, session
+    baseline_tasks, baseline_threads = loop_tasks(), set(threading.enumerate())
+    server.options.bandwidth = 4e6
+    stream = open_stream(server.url("large.bin"), options=FAST)
+    assert files[1]["large.bin"].startswith(next(stream))
+    assert wait_for(lambda: server.stats.bytes_sent > 256 * KIB)
+    started = time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < 0.5
+    assert wait_for(lambda: loop_tasks() == baseline_tasks)
+    sent = server.stats.bytes_sent
+    time.sleep(0.3)  # at 4 MB/s a live transfer would send ~1.2 MB more
+    assert server.stats.bytes_sent - sent < 256 * KIB
+    assert set(threading.enumerate()) == baseline_threads
+    assert sent < len(files[1]["large.bin"]) // 2
+
+
+def test_dropped_stream_is_cancelled(server):
+    fetch_all(server.url("small.bin"))
+    baseline = loop_tasks()
+    server.options.bandwidth = 4e6
+    stream = open_stream(server.url("large.bin"), options=FAST)
+    next(stream)
+    del stream
+    gc.collect()
+    assert wait_for(lambda: loop_tasks() == baseline)
+
+
+def test_a_consumer_that_does_not_read_holds_back_the_download(server, files):
+    options = FAST.replace(prefetch_bytes=1 * MIB, chunk_size=256 * KIB)
+    stream = open_stream(server.url("large.bin"), options=options)
+    try:
+        time.sleep(0.5)  # unthrottled, the whole 16 MiB would be here by now
+        assert stream.buffered_bytes <= options.prefetch_bytes + options.chunk_size
+        assert stream.buffered_bytes >= options.prefetch_bytes // 2
+        # The server is held back too: what it sent (ours + aiohttp's + the kernel's socket
+        # buffers) stops growing short of the whole file.
+        sent = server.stats.bytes_sent
+        time.sleep(0.2)
+        assert server.stats.bytes_sent == sent < len(files[1]["large.bin"])
+        assert b"".join(stream) == files[1]["large.bin"]
+    finally:
+        stream.close()
+
+
+def test_streams_share_the_loop_without_blocking_it(server, files):
+    """A stalled consumer of one stream does not hold back another stream's consumer."""
+    idle = open_stream(server.url("large.bin"), options=FAST.replace(prefetch_bytes=256 * KIB))
+    try:
+        assert fetch_all(server.url("big.bin"))[0] == files[1]["big.bin"]
+        assert get_loop().is_running()
+    finally:
+        idle.close()
