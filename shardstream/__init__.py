@@ -6,6 +6,7 @@
 from . import autodecode, cache, compat, filters, gopen, handlers, mix, pipeline, shardlists, tariterators, utils
 from ._config import EngineConfig, engine_defaults, set_engine_defaults
 from ._decode import allow_pickle
+from ._fetch import FetchOptions
 from ._errors import (
     FetchError,
     FetchTimeout,
@@ -98,6 +99,7 @@ __all__ = [
     "DevicePrefetcher",
     "EngineConfig",
     "FetchError",
+    "FetchOptions",
     "FetchTimeout",
     "FluidInterface",
     "FluidWrapper",

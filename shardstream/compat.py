@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import yaml
 
 from . import filters, shardlists, utils
+from ._fetch import FetchOptions
 from ._samples import TarShardSamples
 from ._torch import DataLoader
 from ._shardcache import cache_from_options
@@ -101,7 +102,9 @@ class WebDataset(DataPipeline, FluidInterface):
     """A pipeline that reads samples from WebDataset shards; webdataset 1.0.2's constructor.
 
     Beyond webdataset's arguments: `allow_pipe` enables `pipe:` URLs for this dataset, and
-    `cache_memory_bytes` adds a memory tier (shards up to that size) in front of the disk cache.
+    `cache_memory_bytes` adds a memory tier (shards up to that size) in front of the disk cache,
+    `fetch_options` sets timeouts / retries / buffer sizes for http(s) and s3 shards, and
+    `shards_in_flight` how many remote shards download at once.
     `cache_dir` / `cache_size` (and WDS_CACHE / WDS_CACHE_SIZE) set up the disk tier, shared by
     all processes on the node; `url_to_name` is accepted and ignored (names derive from the URL).
     """
@@ -128,6 +131,8 @@ class WebDataset(DataPipeline, FluidInterface):
         *,
         allow_pipe: Optional[bool] = None,
         cache_memory_bytes: int = 0,
+        fetch_options: Optional[FetchOptions] = None,
+        shards_in_flight: int = 4,
     ) -> None:
         super().__init__()
         if resampled:
@@ -153,7 +158,8 @@ class WebDataset(DataPipeline, FluidInterface):
                 self.append(filters.shuffle(shardshuffle, seed=self.seed))
         self.append(
             TarShardSamples(handler=handler, select_files=select_files, rename_files=rename_files,
-                            allow_pipe=allow_pipe, local_paths=True, cache=cache)
+                            allow_pipe=allow_pipe, local_paths=True, cache=cache,
+                            fetch_options=fetch_options, shards_in_flight=shards_in_flight)
         )
         if empty_check:
             self.append(check_empty)

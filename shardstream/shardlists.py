@@ -15,6 +15,7 @@ import yaml
 
 from . import utils
 from ._torch import IterableDataset
+from ._listing import expand_listings
 from ._urls import envsubst, expand_urls
 from .filters import pipelinefilter
 from .utils import is_iterable
@@ -78,7 +79,9 @@ class SimpleShardList(IterableDataset):
 
     def __init__(self, urls, seed=None) -> None:
         super().__init__()
-        self.urls = expand_urls(urls)
+        self.urls = expand_listings(expand_urls(urls))
+        if not self.urls:
+            raise ValueError(f"no shards match {urls!r}")
         assert isinstance(self.urls[0], str)
         if seed is True:
             seed = time.time()

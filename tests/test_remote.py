@@ -55,3 +55,53 @@ def test_disk_cache_streams_through_then_serves_hits(served, shardset, tmp_path)
     assert it.stats().cache["disk"]["hits"] == len(urls)
     assert server.stats.snapshot().requests == requests  # nothing fetched again
     assert "cache disk:" in it.stats().format()
+
+
+@pytest.mark.timeout(120)
+def test_three_epochs_under_faults_deliver_every_sample_exactly_once(served, shardset):
+    server, urls = served
+    expected = sorted(s["__key__"] + s["__url__"][-8:] for s in wds.WebDataset(urls, shardshuffle=False))
+    server.options.seed = 7
+    server.options.status_rate = 0.05
+    server.options.reset_rate = 0.05
+    fast_retries = wds.FetchOptions(backoff_base=0.01, backoff_max=0.05)
+    ds = wds.WebDataset(urls, shardshuffle=False, fetch_options=fast_retries).with_engine(threads=2)
+    for epoch in range(3):
+        got = sorted(s["__key__"] + s["__url__"][-8:] for s in ds)
+        assert got == expected, f"epoch {epoch}"
+    faults = server.stats.snapshot().faults
+    assert faults.get("status", 0) + faults.get("reset", 0) > 0
+
+
+def _failing_dataset(server, urls, **kw):
+    options = wds.FetchOptions(retries=2, backoff_base=0.01, backoff_max=0.02)
+    return wds.WebDataset(urls, shardshuffle=False, fetch_options=options, **kw)
+
+
+@pytest.mark.timeout(60)
+def test_a_shard_that_keeps_failing_is_a_clear_error_with_credentials_redacted(served):
+    server, urls = served
+    bad = urls[1].replace("http://", "http://user:hunter2@")
+    server.options.fail_first = {bad.rsplit("/", 1)[1]: 1000}
+    with pytest.raises(wds.FetchError) as info:
+        list(_failing_dataset(server, [urls[0], bad, urls[2]]))
+    message = str(info.value)
+    assert "hunter2" not in message and "***@" in message and bad.rsplit("/", 1)[1] in message
+
+
+@pytest.mark.timeout(60)
+def test_warn_and_continue_skips_a_failing_shard(served, shardset):
+    server, urls = served
+    server.options.fail_first = {urls[1].rsplit("/", 1)[1]: 1000}
+    ds = _failing_dataset(server, urls[:3], handler=wds.warn_and_continue)
+    with pytest.warns(UserWarning):
+        got = list(ds)
+    expected = [s["__key__"] for u in (shardset[0], shardset[2]) for s in wds.WebDataset(u, shardshuffle=False)]
+    assert [s["__key__"] for s in got] == expected
+
+
+@pytest.mark.timeout(60)
+def test_missing_remote_shard_is_not_found(served):
+    server, urls = served
+    with pytest.raises(wds.ShardNotFound):
+        list(wds.WebDataset([urls[0].replace("shard-000", "nothere")], shardshuffle=False))
