@@ -1,13 +1,15 @@
 """webdataset's `gopen`: open a URL as a binary stream.
 
-Local paths and file: URLs open directly; `pipe:` runs a shell command only when enabled
+Local paths and file: URLs open directly; http(s) and s3 read through shardstream's async
+fetchers (retries, Range resume); `pipe:` runs a shell command only when enabled
 (`shardstream.allow_pipe(True)`, `SHARDSTREAM_ALLOW_PIPE=1` or `allow_pipe=True`); every other
-scheme goes through fsspec (http, https, s3, gs, memory, ...), unless a handler is registered in
-`gopen_schemes` for it, as webdataset allows.
+scheme goes through fsspec (gs, memory, ...), unless a handler is registered in `gopen_schemes`
+for it, as webdataset allows.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -18,7 +20,7 @@ from urllib.parse import urlparse
 from ._errors import FetchError, UsageError
 from ._open import local_path_of, open_url, pipe_allowed
 
-__all__ = ["gopen", "gopen_schemes", "reader", "rewrite_url"]
+__all__ = ["StreamReader", "gopen", "gopen_schemes", "reader", "rewrite_url"]
 
 
 def _gopen_pipe_write(url: str, bufsize: int) -> IO[bytes]:
@@ -49,9 +51,42 @@ class _PipeWriter:
         self.close()
 
 
+class StreamReader(io.RawIOBase):
+    """A read-only binary file over a fetch stream (http(s) and s3: retries, Range resume)."""
+
+    def __init__(self, url: str) -> None:
+        from ._fetch import open_stream
+
+        super().__init__()
+        self.name = url
+        self._stream = open_stream(url)
+        self._chunk = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._chunk:
+            chunk = next(self._stream, None)
+            if chunk is None:
+                return 0
+            self._chunk = memoryview(chunk)
+        n = min(len(buffer), len(self._chunk))
+        buffer[:n] = self._chunk[:n]
+        self._chunk = self._chunk[n:]
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+
 def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:
     allow = kw.pop("allow_pipe", None)
     if mode == "rb":
+        if url.startswith(("http://", "https://", "s3://")):
+            return io.BufferedReader(StreamReader(url), buffer_size=max(bufsize, 1 << 20))
         return open_url(url, allow_pipe=allow)
     if url.startswith("pipe:"):
         if not pipe_allowed(allow):

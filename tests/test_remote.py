@@ -105,3 +105,15 @@ def test_missing_remote_shard_is_not_found(served):
     server, urls = served
     with pytest.raises(wds.ShardNotFound):
         list(wds.WebDataset([urls[0].replace("shard-000", "nothere")], shardshuffle=False))
+
+
+@pytest.mark.timeout(60)
+def test_openclip_style_url_opener_over_http_survives_resets(served, shardset):
+    server, urls = served
+    server.options.seed = 3
+    server.options.reset_rate = 0.3
+    from shardstream.tariterators import tar_file_expander, url_opener
+
+    files = list(tar_file_expander(url_opener([dict(url=u) for u in urls])))
+    expected = list(wds.tariterators.tar_file_expander(wds.tariterators.url_opener([dict(url=p) for p in shardset])))
+    assert [(f["fname"], f["data"]) for f in files] == [(f["fname"], f["data"]) for f in expected]
