@@ -72,6 +72,10 @@ class detshuffle(PipelineStage):
         self.seed = seed
         self.epoch = epoch
 
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass shuffles with seed + epoch."""
+        self.epoch = epoch - 1
+
     def run(self, src):
         self.epoch += 1
         rng = random.Random()

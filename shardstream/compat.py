@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 from urllib.parse import urlparse
 
 import yaml
@@ -13,10 +14,12 @@ import yaml
 from . import filters, shardlists, utils
 from ._fetch import FetchOptions
 from ._samples import TarShardSamples
+from ._split import EqualSplit
 from ._torch import DataLoader
 from ._shardcache import cache_from_options
 from .handlers import reraise_exception
-from .pipeline import DataPipeline
+from ._errors import UsageError
+from .pipeline import WORKER_END, DataPipeline, Tagged
 
 __all__ = ["FluidInterface", "FluidWrapper", "WebDataset", "WebLoader", "check_empty"]
 
@@ -147,6 +150,10 @@ class WebDataset(DataPipeline, FluidInterface):
         self.seed = os.environ.get("WDS_SEED", random.randint(0, 1000000)) if seed is None else seed
         cache = cache_from_options(cache_dir, cache_size, memory_bytes=cache_memory_bytes)
         self._append_shard_source(urls, mode)
+        if nodesplitter is shardlists.split_by_node and mode != "resampled":
+            # Equal samples per rank, a new shard order every epoch, the same on all ranks.
+            split_seed = seed if seed is not None else int(os.environ.get("WDS_SEED", 0))
+            nodesplitter = EqualSplit(seed=int(split_seed), shuffle=bool(shardshuffle))
         if nodesplitter is not None:
             self.append(nodesplitter)
         if workersplitter:
@@ -198,8 +205,86 @@ class FluidWrapper(DataPipeline, FluidInterface):
         self.append(initial)
 
 
+_MISSING = object()
+
+
 class WebLoader(DataPipeline, FluidInterface):
-    """A torch DataLoader with the fluid methods (`.unbatched().shuffle().batched()`)."""
+    """A torch DataLoader with the fluid methods (`.unbatched().shuffle().batched()`).
+
+    With a shardstream dataset and `batch_size=None` (the usual way: the dataset batches), it is
+    stateful in the torchdata StatefulDataLoader convention: `state_dict()` records how many items
+    each worker has delivered, and `load_state_dict()` makes the next epoch continue after them.
+    """
 
     def __init__(self, *args, **kw) -> None:
-        super().__init__(DataLoader(*args, **kw))
+        args = list(args)
+        dataset = args[0] if args else kw.get("dataset")
+        self._stateful = isinstance(dataset, DataPipeline) and kw.get("batch_size", 1) is None
+        if self._stateful:
+            dataset = copy.copy(dataset)  # the caller's dataset keeps handing out plain items
+            dataset._tag_outputs = True
+            if args:
+                args[0] = dataset
+            else:
+                kw["dataset"] = dataset
+        self._dataset = dataset
+        self._consumed: Dict[int, int] = {}
+        self._resume_counts: Optional[Dict[int, int]] = None
+        super().__init__(DataLoader(*args, **kw), self._untag)
+
+    def _untag(self, src):
+        """Unwrap worker-tagged items, in the canonical order (the k-th item of every worker in
+        worker order, then the (k+1)-th, ...: torch's round robin), from the resume point."""
+        workers = max(1, getattr(self.pipeline[0], "num_workers", 0))
+        consumed = self._consumed
+        consumed.clear()
+        consumed.update({w: 0 for w in range(workers)})
+        consumed.update(self._resume_counts or {})
+        self._resume_counts = None
+        pending: Dict[int, Dict[int, Any]] = {w: {} for w in range(workers)}
+        ended: Dict[int, int] = {}
+
+        def ready():
+            while True:
+                live = [w for w in range(workers) if w not in ended or consumed[w] + 1 < ended[w]]
+                if not live:
+                    return
+                worker = min(live, key=lambda w: (consumed[w], w))
+                item = pending[worker].pop(consumed[worker] + 1, _MISSING)
+                if item is _MISSING:
+                    return
+                consumed[worker] += 1
+                yield item
+
+        for item in src:
+            if not isinstance(item, Tagged):
+                yield item
+                continue
+            if item.item is WORKER_END:
+                ended[item.worker] = item.count
+            else:
+                pending[item.worker][item.count] = item.item
+            yield from ready()
+
+    def iterator1(self):
+        it = super().iterator1()
+        if isinstance(self._dataset, DataPipeline):
+            self._dataset._resume = None  # the workers have their copy of the resume point
+        return it
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the dataset's epoch (new DataLoader workers pick it up)."""
+        self.epoch = epoch
+        if isinstance(self._dataset, DataPipeline):
+            self._dataset.set_epoch(epoch)
+
+    def state_dict(self) -> Dict[str, Any]:
+        if not self._stateful:
+            raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
+        return {"epoch": self._dataset.epoch, "per_worker": {str(k): v for k, v in self._consumed.items()}}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if not self._stateful:
+            raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
+        self._dataset.load_state_dict(state)
+        self._resume_counts = {int(k): v for k, v in state.get("per_worker", {}).items()}

@@ -5,15 +5,18 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
-from typing import Any, Iterator, List, Optional
+import weakref
+from typing import Any, Dict, Iterator, List, Optional
 
 from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
 from ._stages import PipelineStage
 from ._stats import PipelineStats
-from ._torch import IterableDataset, is_dataloader
+from ._split import EqualSplit
+from ._torch import IterableDataset, is_dataloader, worker_info
+from .shardlists import SimpleShardList, split_by_node
 
-__all__ = ["DataPipeline", "PipelineIterator", "add_length_method"]
+__all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method"]
 
 
 def add_length_method(obj):
@@ -27,14 +30,42 @@ def add_length_method(obj):
     return obj
 
 
+class _WorkerEnd:
+    def __reduce__(self):
+        return (_worker_end, ())
+
+
+WORKER_END: Any = _WorkerEnd()
+
+
+def _worker_end() -> Any:
+    return WORKER_END
+
+
+class Tagged:
+    """An item from a DataLoader worker with where it came from (unwrapped by WebLoader)."""
+
+    __slots__ = ("item", "worker", "count")
+
+    def __init__(self, item: Any, worker: int, count: int) -> None:
+        self.item, self.worker, self.count = item, worker, count
+
+    def __reduce__(self):
+        return (Tagged, (self.item, self.worker, self.count))
+
+
 class PipelineIterator:
     """Iterates `repetitions` passes of a pipeline, capped at `limit` items (with_epoch / repeat).
 
     Besides iteration it offers `stats()` (of the current engine pass) and `close()`.
     """
 
-    def __init__(self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int]) -> None:
+    def __init__(
+        self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int], skip: int = 0, tag: Optional[int] = None
+    ) -> None:
         self._pipeline = pipeline
+        self._skip = skip  # items of a resumed epoch already delivered before the checkpoint
+        self._tag = tag  # DataLoader worker id: items go out tagged for WebLoader's state
         self._repetitions = repetitions
         self._limit = limit
         self._passes = 0
@@ -46,7 +77,28 @@ class PipelineIterator:
     def __iter__(self) -> "PipelineIterator":
         return self
 
+    @property
+    def delivered(self) -> int:
+        """Items delivered so far, including those skipped on resume."""
+        return self._delivered
+
     def __next__(self) -> Any:
+        while self._skip:  # resuming: replay the epoch deterministically up to the checkpoint
+            self._skip -= 1
+            self._next_item()
+        if self._tag is None:
+            return self._next_item()
+        if self._tag < 0:
+            raise StopIteration
+        try:
+            item = self._next_item()
+        except StopIteration:
+            # Tell WebLoader this worker is done, so it never waits for more from it.
+            tag, self._tag = self._tag, -1
+            return Tagged(WORKER_END, tag, self._delivered + 1)
+        return Tagged(item, self._tag, self._delivered)
+
+    def _next_item(self) -> Any:
         while True:
             if self._limit is not None and self._delivered >= self._limit:
                 self.close()
@@ -112,7 +164,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.repetitions = 1
         self.nsamples = -1
         self.engine_config: Optional[EngineConfig] = None
+        self.epoch: Optional[int] = None
         self._last_stats: Optional[PipelineStats] = None
+        self._last_iterator: Any = None
+        self._resume: Optional[Dict[str, Any]] = None
+        self._tag_outputs = False
         for arg in args:
             if arg is None:
                 continue
@@ -120,11 +176,39 @@ class DataPipeline(IterableDataset, PipelineStage):
                 self.pipeline.extend(arg)
             else:
                 self.pipeline.append(arg)
+        if self.pipeline and isinstance(self.pipeline[0], SimpleShardList):
+            # A finite shard list: webdataset's split_by_node becomes the equal-work splitter
+            # (the order it receives is kept: shuffle shards before it, as OpenCLIP does).
+            self.pipeline = [EqualSplit(shuffle=False) if f is split_by_node else f for f in self.pipeline]
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_last_stats"] = None
+        state["_last_iterator"] = None
         return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch for shard order and seeded shuffles (passed to every stage that has
+        set_epoch: the equal-work splitter, detshuffle). Without it, each pass is a new epoch."""
+        self.epoch = epoch
+        for stage in self.pipeline:
+            if hasattr(stage, "set_epoch") and stage is not self:
+                stage.set_epoch(epoch)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the most recent iterator is: {"epoch", "delivered"} (items handed out)."""
+        it = self._last_iterator() if self._last_iterator is not None else None
+        delivered = it.delivered if it is not None else 0
+        return {"epoch": self.epoch, "delivered": delivered}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The next iteration continues the checkpointed epoch after its delivered items.
+
+        Exact for deterministic pipelines (seeded shuffles, the equal-work splitter): the epoch
+        is replayed and the items delivered before the checkpoint are skipped."""
+        if state.get("epoch") is not None:
+            self.set_epoch(state["epoch"])
+        self._resume = dict(state)
 
     def close(self) -> None:
         for step in self.pipeline:
@@ -175,7 +259,15 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def __iter__(self) -> Iterator[Any]:
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
-        return PipelineIterator(self, self.repetitions, limit)
+        worker, _workers = worker_info()
+        skip = 0
+        if self._resume is not None:
+            per_worker = self._resume.get("per_worker")
+            skip = per_worker.get(str(worker), 0) if per_worker is not None else self._resume.get("delivered", 0)
+            self._resume = None
+        it = PipelineIterator(self, self.repetitions, limit, skip=skip, tag=worker if self._tag_outputs else None)
+        self._last_iterator = weakref.ref(it)
+        return it
 
     def stats(self) -> Optional[PipelineStats]:
         """Stats of this pipeline's most recent finished engine pass (None if none yet)."""

@@ -7,7 +7,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import Iterator, List
 
 import braceexpand
@@ -16,6 +16,7 @@ import yaml
 from . import utils
 from ._torch import IterableDataset
 from ._listing import expand_listings
+from ._split import WORKER_SPLIT
 from ._urls import envsubst, expand_urls
 from .filters import pipelinefilter
 from .utils import is_iterable
@@ -56,11 +57,21 @@ def single_node_only(src, group=None):
 
 
 def split_by_worker(src):
-    """Every num_workers-th shard, starting at this DataLoader worker."""
+    """Every num_workers-th shard, starting at this DataLoader worker (items that the equal-work
+    node splitter already cut for this worker pass unchanged)."""
+    src = iter(src)
+    first = next(src, None)
+    if first is None:
+        return
+    if isinstance(first, dict) and first.get(WORKER_SPLIT):
+        yield first
+        yield from src
+        return
     _rank, _world_size, worker, num_workers = utils.pytorch_worker_info()
     if num_workers > 1:
-        yield from islice(src, worker, None, num_workers)
+        yield from islice(chain([first], src), worker, None, num_workers)
     else:
+        yield first
         yield from src
 
 
