@@ -22,6 +22,7 @@ from ._torch import is_tensor
 
 __all__ = [
     "Cached",
+    "SeededShuffle",
     "combine_values",
     "default_collation_fn",
     "detshuffle",
@@ -80,6 +81,36 @@ class detshuffle(PipelineStage):
         self.epoch += 1
         rng = random.Random()
         rng.seed(self.seed + self.epoch)
+        return _shuffle(src, self.bufsize, self.initial, rng)
+
+    def __call__(self, src):
+        return self.run(src)
+
+
+class SeededShuffle(PipelineStage):
+    """A shuffle buffer seeded by (seed, epoch, rank, worker): reproducible, different on every
+    rank and DataLoader worker and in every epoch (what WebDataset(seed=...).shuffle(n) uses)."""
+
+    name = "shuffle"
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0) -> None:
+        self.bufsize = bufsize
+        self.initial = initial
+        self.seed = seed
+        self.epoch: Optional[int] = None
+        self.passes = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def run(self, src):
+        from .utils import pytorch_worker_info
+
+        rank, _world, worker, _workers = pytorch_worker_info()
+        epoch = self.epoch if self.epoch is not None else self.passes
+        self.passes += 1
+        # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
+        rng = random.Random(f"shardstream-shuffle/{self.seed}/{epoch}/{rank}/{worker}")
         return _shuffle(src, self.bufsize, self.initial, rng)
 
     def __call__(self, src):

@@ -15,6 +15,7 @@ from . import filters, shardlists, utils
 from ._fetch import FetchOptions
 from ._samples import TarShardSamples
 from ._split import EqualSplit
+from ._stream_filters import SeededShuffle
 from ._torch import DataLoader
 from ._shardcache import cache_from_options
 from .handlers import reraise_exception
@@ -43,7 +44,13 @@ class FluidInterface:
         return self.compose(filters.log_keys(logfile))
 
     def shuffle(self, size, **kw):
-        return self if size < 1 else self.compose(filters.shuffle(size, **kw))
+        if size < 1:
+            return self
+        seed = getattr(self, "sample_seed", None)
+        if seed is not None and "rng" not in kw and "seed" not in kw:
+            # The dataset has an explicit seed: seed the buffer from (seed, epoch, rank, worker).
+            return self.compose(SeededShuffle(size, kw.get("initial", 100), seed))
+        return self.compose(filters.shuffle(size, **kw))
 
     def map(self, f, handler=reraise_exception):
         return self.compose(filters.map(f, handler=handler))
@@ -148,6 +155,8 @@ class WebDataset(DataPipeline, FluidInterface):
             warnings.warn("set WebDataset(shardshuffle=...) to a positive integer or 0 or False")
             shardshuffle = 100
         self.seed = os.environ.get("WDS_SEED", random.randint(0, 1000000)) if seed is None else seed
+        # Only a seed the user chose (argument or WDS_SEED) makes sample shuffles reproducible.
+        self.sample_seed = seed if seed is not None else os.environ.get("WDS_SEED")
         cache = cache_from_options(cache_dir, cache_size, memory_bytes=cache_memory_bytes)
         self._append_shard_source(urls, mode)
         if nodesplitter is shardlists.split_by_node and mode != "resampled":

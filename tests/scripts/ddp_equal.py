@@ -30,6 +30,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = (
         wds.WebDataset(args.shards, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node)
+        .shuffle(16)  # seeded from (seed, epoch, rank, worker): part of what resume must replay
         .to_tuple("__key__", "cls")
         .batched(4)
     )

@@ -1,0 +1,93 @@
+"""One resume harness over every stateful stage (torchdata's test/nodes/utils.py is the model):
+the items before a checkpoint plus the items after restoring it equal one uninterrupted epoch,
+in the same order, for each pipeline shape."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import shardstream as wds
+from compare import assert_same_stream
+
+warnings.filterwarnings("ignore", message=".*shardshuffle.*")
+
+
+def check_resume(build, checkpoints=(0, 1, 7, 30)):
+    """build() -> a fresh dataset or WebLoader; checkpoint after k items and resume in a fresh one."""
+    full = list(build())
+    checkpoints = sorted({min(k, len(full) - 1) for k in checkpoints})  # the last one: mid-final-item
+    assert len(full) > 1
+    for k in checkpoints:
+        first_ds = build()
+        it = iter(first_ds)
+        first = [next(it) for _ in range(k)]
+        state = first_ds.state_dict()
+        del it
+        resumed = build()
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert_same_stream(full, first + rest)
+        # and the epoch after a resumed one is a complete, fresh epoch again
+        assert len(list(resumed)) == len(full)
+
+
+def keyed(wds_dataset):
+    return wds_dataset.to_tuple("__key__", "__url__")
+
+
+STAGES = {
+    "source": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)),
+    "decode_map": lambda s: wds.WebDataset(s, shardshuffle=False).decode().to_tuple("__key__", "cls", handler=wds.ignore_and_continue),
+    "shard_shuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=3, seed=5)),
+    "detshuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=3, detshuffle=True, seed=5)),
+    "seeded_sample_shuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=False, seed=9).shuffle(20)),
+    "partial_batches": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)).batched(7),
+    "unbatched": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)).batched(5).unbatched(),
+    "equal_split_rank1": lambda s: keyed(wds.WebDataset(s, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node)),
+    "random_mix": lambda s: wds.DataPipeline(
+        wds.RandomMix([keyed(wds.WebDataset(s[:3], shardshuffle=False)), keyed(wds.WebDataset(s[3:], shardshuffle=False))], [0.3, 0.7], longest=True, seed=4)
+    ),
+    "round_robin": lambda s: wds.DataPipeline(
+        wds.RoundRobin([keyed(wds.WebDataset(s[:3], shardshuffle=False)), keyed(wds.WebDataset(s[3:], shardshuffle=False))], longest=True)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_resume_direct(shardset, name, monkeypatch):
+    if name == "equal_split_rank1":
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    check_resume(lambda: STAGES[name](shardset), checkpoints=(0, 1, 5, 12))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", ["source", "seeded_sample_shuffle", "partial_batches"])
+def test_resume_webloader(shardset, name, workers):
+    check_resume(lambda: wds.WebLoader(STAGES[name](shardset), batch_size=None, num_workers=workers), checkpoints=(0, 3, 11))
+
+
+def test_webloader_state_is_plain_data(shardset):
+    loader = wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=2)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    import json
+
+    assert json.loads(json.dumps(state)) == state
+    assert sum(state["per_worker"].values()) == 5
+
+
+def test_with_epoch_and_set_epoch(shardset):
+    ds = STAGES["seeded_sample_shuffle"](shardset)
+    ds.set_epoch(0)
+    a = list(ds)
+    ds.set_epoch(0)
+    assert list(ds) == a
+    ds.set_epoch(1)
+    b = list(ds)
+    assert sorted(b) == sorted(a) and b != a
