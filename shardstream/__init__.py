@@ -6,7 +6,6 @@
 from . import autodecode, cache, compat, filters, gopen, handlers, mix, pipeline, shardlists, tariterators, utils
 from ._config import EngineConfig, engine_defaults, set_engine_defaults
 from ._decode import allow_pickle
-from ._fetch import FetchOptions
 from ._errors import (
     FetchError,
     FetchTimeout,
@@ -16,6 +15,7 @@ from ._errors import (
     ShardStreamError,
     UsageError,
 )
+from ._fetch import FetchOptions
 from ._open import allow_pipe
 from ._samples import TarShardSamples
 from ._shim import install_as_webdataset

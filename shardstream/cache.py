@@ -7,7 +7,6 @@ download goes to a temp file that is renamed into place only when complete and v
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sys
@@ -16,6 +15,7 @@ import urllib.parse
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 from urllib.parse import urlparse
 
+from ._cachetiers import _pipe_url, cache_file_name
 from ._errors import FormatError
 from ._open import iter_chunks, local_path_of
 from .handlers import reraise_exception
@@ -44,11 +44,7 @@ def islocal(url: str) -> bool:
 
 def pipe_cleaner(spec: str) -> str:
     """For `pipe:curl ... URL` specs, the URL inside; else the spec."""
-    if spec.startswith("pipe:"):
-        for word in spec[5:].split(" "):
-            if re.match("^(https?|hdfs|gs|ais|s3):", word):
-                return word
-    return spec
+    return _pipe_url(spec)
 
 
 def url_to_cache_name(url: str, ndir: int = 0) -> str:
@@ -61,11 +57,8 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
 
 
 def url_to_cache_path(url: str) -> str:
-    """shardstream's naming: a digest of the whole URL, then the basename for readability."""
-    digest = hashlib.sha256(pipe_cleaner(url).encode("utf-8", "surrogateescape")).hexdigest()[:20]
-    base = os.path.basename(urlparse(pipe_cleaner(url)).path) or "shard"
-    base = re.sub(r"[^A-Za-z0-9._+-]", "_", base)[-80:]
-    return f"{digest}-{base}"
+    """shardstream's naming: a digest of the whole URL, then the basename (the disk tier's)."""
+    return cache_file_name(url)
 
 
 def check_tar_format(fname: str) -> bool:
