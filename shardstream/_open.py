@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import IO, Iterator, Optional, Tuple
+from typing import IO, Iterator, Optional
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 

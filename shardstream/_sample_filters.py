@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from fnmatch import fnmatch
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
 from ._stages import DROP, SampleStage
 from .handlers import reraise_exception

@@ -13,7 +13,7 @@ which composes stages as nested generators, keeps working.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .handlers import reraise_exception
 

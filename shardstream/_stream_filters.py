@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from fnmatch import fnmatch
-from typing import Any, Callable, Iterable, Iterator, List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 

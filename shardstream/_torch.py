@@ -12,7 +12,7 @@ import importlib.abc
 import importlib.util
 import sys
 import threading
-from typing import Any, List, Optional, Tuple, Type
+from typing import Any, Optional, Tuple, Type
 
 __all__ = [
     "DataLoader",

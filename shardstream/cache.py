@@ -8,8 +8,6 @@ download goes to a temp file that is renamed into place only when complete and v
 from __future__ import annotations
 
 import os
-import re
-import sys
 import time
 import urllib.parse
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional

@@ -7,7 +7,6 @@ import os
 import random
 import warnings
 from typing import Any, Callable, Dict, Optional
-from urllib.parse import urlparse
 
 import yaml
 

@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from typing import IO, Any, Callable, Dict, Optional
+from typing import IO, Any, Callable, Dict
 from urllib.parse import urlparse
 
 from ._errors import FetchError, UsageError

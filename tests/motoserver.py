@@ -10,7 +10,6 @@ Fixtures (import them into a test module):
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import sys

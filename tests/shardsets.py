@@ -11,7 +11,7 @@ import io
 import json
 import os
 import tarfile
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 from PIL import Image

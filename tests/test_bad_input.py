@@ -3,7 +3,6 @@ skipped with a warning under warn_and_continue; nothing hangs, nothing half-deli
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 
 import shardstream as wds
