@@ -157,7 +157,7 @@ class WebDataset(DataPipeline, FluidInterface):
         # Only a seed the user chose (argument or WDS_SEED) makes sample shuffles reproducible.
         self.sample_seed = seed if seed is not None else os.environ.get("WDS_SEED")
         cache = cache_from_options(cache_dir, cache_size, memory_bytes=cache_memory_bytes)
-        self._append_shard_source(urls, mode)
+        self._append_shard_source(urls, mode, self.sample_seed)
         if nodesplitter is shardlists.split_by_node and mode != "resampled":
             # Equal samples per rank, a new shard order every epoch, the same on all ranks.
             split_seed = seed if seed is not None else int(os.environ.get("WDS_SEED", 0))
@@ -179,7 +179,7 @@ class WebDataset(DataPipeline, FluidInterface):
         if empty_check:
             self.append(check_empty)
 
-    def _append_shard_source(self, urls: Any, mode: Optional[str]) -> None:
+    def _append_shard_source(self, urls: Any, mode: Optional[str], seed: Any = None) -> None:
         if isinstance(urls, str) and (urls.endswith(".yaml") or urls.endswith(".yml")):
             with open(urls) as stream:
                 spec = yaml.safe_load(stream)
@@ -192,7 +192,9 @@ class WebDataset(DataPipeline, FluidInterface):
             raise ValueError("unimplemented")
         elif isinstance(urls, str) or utils.is_iterable(urls):
             if mode == "resampled":
-                self.append(shardlists.ResampledShards(urls))
+                # An explicit seed makes the draws reproducible per (seed, epoch, rank, worker).
+                deterministic = seed is not None
+                self.append(shardlists.ResampledShards(urls, seed=int(seed) if deterministic else 0, deterministic=deterministic))
             else:
                 self.append(shardlists.SimpleShardList(urls))
         else:

@@ -90,3 +90,12 @@ def test_with_epoch_and_set_epoch(shardset):
     ds.set_epoch(1)
     b = list(ds)
     assert sorted(b) == sorted(a) and b != a
+
+
+def test_resampled_with_a_seed_is_reproducible_and_resumable(shardset):
+    def build():
+        return keyed(wds.WebDataset(shardset, resampled=True, seed=3)).with_epoch(60)
+
+    a = list(build())
+    assert a == list(build()) and len(a) == 60
+    check_resume(build, checkpoints=(0, 17))
