@@ -106,6 +106,13 @@ def _is_remote(url: str) -> bool:
     return url.startswith(_REMOTE)
 
 
+def _pulling(stream: ChunkStream) -> bool:
+    """A stream still downloading with room in its buffer (it holds a connection busy)."""
+    future = getattr(stream, "_future", None)
+    done = future.done() if future is not None else True
+    return not done and stream.buffered_bytes < stream.options.prefetch_bytes
+
+
 def shard_range(item: Any) -> tuple:
     """(start, stop) sample indices of a shard-list item: dict(url=..., start=..., stop=...)."""
     if isinstance(item, dict):
@@ -162,7 +169,7 @@ class TarShardSamples(PipelineStage):
         local_paths: bool = False,
         cache: Optional[ShardCache] = None,
         fetch_options: Optional[FetchOptions] = None,
-        shards_in_flight: int = 4,
+        shards_in_flight: int = 8,
     ) -> None:
         if shards_in_flight < 1:
             raise ValueError("shards_in_flight must be >= 1")
@@ -202,9 +209,18 @@ class TarShardSamples(PipelineStage):
         return open_stream(url, options=self.fetch_options)
 
     def batches(self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None) -> Iterator[List[TarMember]]:
-        """The shard's members in batches; local files are mapped unless an opener is set."""
-        mappable = local_path_of(url) if self.opener is None else None
-        return member_batches(url, mappable, lambda u, s: self.open(u, s, ready), self.source_stats, start_offset)
+        """The shard's members in batches; local files and disk-cache hits are memory-mapped
+        (unless an opener is set), everything else is streamed."""
+        mappable = None
+        open_chunks = lambda u, s: self.open(u, s, ready)  # noqa: E731
+        if self.opener is None:
+            mappable = local_path_of(url)
+            if mappable is None and self.cache is not None and ready is None:
+                mappable = self.cache.hit_path(url)
+                if mappable is not None:  # a compressed hit is streamed from the cached file
+                    cached = mappable
+                    open_chunks = lambda u, s: iter_chunks(cached, start=s)  # noqa: E731
+        return member_batches(url, mappable, open_chunks, self.source_stats, start_offset)
 
     def _shard(
         self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,
@@ -242,10 +258,24 @@ class TarShardSamples(PipelineStage):
         items = iter(src)
         ahead: Deque[Tuple[Any, Optional[ChunkStream]]] = deque()
 
+        budget = self.shards_in_flight * (self.fetch_options or FetchOptions()).prefetch_bytes
+        exhausted = False
+
         def fill() -> None:
-            while len(ahead) < self.shards_in_flight:
+            # Keep `shards_in_flight` downloads busy: a finished or stalled (buffer full) stream
+            # frees its slot, within a byte budget for what is buffered ahead and a cap on
+            # shards queued ahead.
+            nonlocal exhausted
+            while not exhausted and len(ahead) < 4 * self.shards_in_flight:
+                streams = [ready for _item, ready in ahead if ready is not None]
+                busy = sum(1 for ready in streams if _pulling(ready))
+                if ahead and (busy >= self.shards_in_flight or sum(r.buffered_bytes for r in streams) >= budget):
+                    return
+                if len(ahead) >= self.shards_in_flight and not streams:
+                    return  # local shards: nothing to fetch ahead
                 item = next(items, _NO_ITEM)
                 if item is _NO_ITEM:
+                    exhausted = True
                     return
                 url, _ = source_url(item, False)
                 ahead.append((item, self._open_ahead(url, shard_range(item)[0])))
@@ -262,6 +292,8 @@ class TarShardSamples(PipelineStage):
                 try:
                     for sample in self._shard(url, local_path, start, stop, ready):
                         count += 1
+                        if not count & 31 and ahead:
+                            fill()
                         yield sample
                 except Exception as exn:
                     if not self._failed(exn, url):

@@ -143,6 +143,26 @@ class ShardCache:
                     return source.path
         return None
 
+    def hit_path(self, url: str) -> Optional[str]:
+        """On a disk-tier hit (no faster tier has it), count the hit and return the committed
+        file's path, so the caller can memory-map it instead of streaming it; else None."""
+        above: List = []
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier):
+                source = tier.lookup(url)
+                if source is None:
+                    return None
+                size = source.size
+                source.close()
+                tier.counters.add(hits=1, bytes_served=size or 0)
+                for upper in above:
+                    upper.counters.add(misses=1)
+                return source.path
+            if url in tier:
+                return None
+            above.append(tier)
+        return None
+
     def stats(self) -> Dict[str, Dict[str, int]]:
         """Counters keyed by tier name, plus "origin" (fetches, bytes_served, errors)."""
         snapshot = {tier.name: tier.counters.snapshot() for tier in self.tiers}

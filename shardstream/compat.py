@@ -141,7 +141,7 @@ class WebDataset(DataPipeline, FluidInterface):
         allow_pipe: Optional[bool] = None,
         cache_memory_bytes: int = 0,
         fetch_options: Optional[FetchOptions] = None,
-        shards_in_flight: int = 4,
+        shards_in_flight: int = 8,
     ) -> None:
         super().__init__()
         if resampled:
