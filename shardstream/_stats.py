@@ -164,11 +164,9 @@ class PipelineStats:
                 f"the consumer (training loop) limits throughput: it is busy {consumer_busy:.0%} of the time "
                 "and the loader keeps its queue full"
             )
-        what = "threads" if busiest["kind"] == "parallel" else "thread"
-        return (
-            f"stage '{busiest['name']}' limits throughput: its {busiest['workers']} {what} are busy "
-            f"{busiest['utilisation']:.0%} of the time"
-        )
+        workers = busiest["workers"]
+        what = f"its {workers} threads are" if workers != 1 else "its thread is"
+        return f"stage '{busiest['name']}' limits throughput: {what} busy {busiest['utilisation']:.0%} of the time"
 
     def as_dict(self) -> Dict[str, object]:
         return {
