@@ -55,9 +55,12 @@ def center_crop(sample: dict) -> dict:
     return sample
 
 
-def pipeline(wds, urls: list[str]):
-    """The benchmarked pipeline, written against the webdataset API of module `wds`."""
-    dataset = wds.WebDataset(urls, shardshuffle=False)
+def pipeline(wds, urls: list[str], **dataset_options):
+    """The benchmarked pipeline, written against the webdataset API of module `wds`.
+
+    `dataset_options` go to `WebDataset` (the remote workload passes `cache_dir`, `shards_in_flight`).
+    """
+    dataset = wds.WebDataset(urls, shardshuffle=False, **dataset_options)
     return dataset.decode("pil").map(center_crop).to_tuple("jpg", "cls").batched(BATCH)
 
 

@@ -1,22 +1,30 @@
 """Benchmark configurations, results, and running one configuration in a fresh subprocess.
 
-A *workload* is a module in this folder (`raw.py`, `decode.py`) with this contract:
+A *workload* is a module in this folder (`raw.py`, `decode.py`, `remote.py`) with this contract:
 
     NAME: str
     def configs(workers: list[int]) -> list[Config]
         The configurations to compare, webdataset baselines first.
     def make_pass(config: Config, urls: list[str]) -> Callable[[], Iterable]
         Untimed setup (imports, building the pipeline); the returned function starts one timed pass.
+        It may also have a `prepare()` method, called untimed before each pass (e.g. to empty a
+        cache), and a `close()` method, called once after the last pass.
     def count(item) -> tuple[int, int]
         Samples and payload bytes in one item that a pass yields (a sample, or a batch).
+    def comparisons() -> list[Comparison]          (optional)
+        Ratios between two configurations printed under the table, with an optional target.
 
 Adding a workload means writing such a module and listing it in `WORKLOADS`; the child process
-(`measure.py`), the report and `run.py` need no change.
+(`measure.py`), the report and `run.py` need no change. A module's configurations may fall into
+several table sections (`Config.workload`) when `Config.module` names the module; configurations
+with `source` "http" or "s3" get the URLs of the servers that `run.py` starts (`servers.py`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,9 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["WORKLOADS", "Config", "Rep", "Result", "check_same_payload", "run_config"]
+__all__ = ["SOURCES", "WORKLOADS", "Comparison", "Config", "Rep", "Result", "check_same_payload",
+           "run_config"]
 
-WORKLOADS = ("raw", "decode")
+WORKLOADS = ("raw", "decode", "remote")  # the workload modules
+SOURCES = ("local", "http", "s3")
+CACHE_MODES = ("", "cold", "warm")
 HERE = Path(__file__).resolve().parent
 
 
@@ -35,12 +46,20 @@ class Config:
     """One thing to measure: a library set up in one way, running one workload.
 
     Attributes:
-        workload: the workload module's name.
+        workload: the table section (e.g. "raw", "http-raw"); also the module unless `module` is set.
         name: unique within the workload, shown in the table (e.g. "webdataset-dl2").
         library: "webdataset", "shardstream" or "limit" (a computed upper bound).
         num_workers: DataLoader worker processes (0: iterate in the measuring process).
         rate_scale: the measured rate is multiplied by this (the limit: one thread times the core count).
         full_pass: a pass visits every sample of the corpus (checked against the corpus size).
+        module: the workload module run in the child, when it differs from `workload`.
+        source: where the shards come from: "local" files, the "http" server or the "s3" server.
+        pipeline: what a pass does, for modules that run several ("raw", "decode"); payload bytes are
+            compared between all configurations with the same pipeline (else the same workload).
+        shards_in_flight: shardstream's remote shards downloading at once (0: the library default).
+        cache: shardstream's disk cache: "" off, "cold" (emptied before every pass: stream-through),
+            "warm" (filled by an untimed pass, so every timed pass reads it).
+        baseline: this configuration is its workload's ratio reference (else: the fastest webdataset).
     """
 
     workload: str
@@ -49,12 +68,46 @@ class Config:
     num_workers: int = 0
     rate_scale: int = 1
     full_pass: bool = True
+    module: str = ""
+    source: str = "local"
+    pipeline: str = ""
+    shards_in_flight: int = 0
+    cache: str = ""
+    baseline: bool = False
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {self.workload!r}")
-        if self.num_workers < 0 or self.rate_scale < 1:
+        if self.module_name not in WORKLOADS:
+            raise ValueError(f"unknown workload module {self.module_name!r}")
+        if self.source not in SOURCES or self.cache not in CACHE_MODES:
+            raise ValueError(f"bad source or cache in {self}")
+        if self.num_workers < 0 or self.rate_scale < 1 or self.shards_in_flight < 0:
             raise ValueError(f"bad config {self}")
+
+    @property
+    def module_name(self) -> str:
+        """The workload module that runs this configuration in the child."""
+        return self.module or self.workload
+
+    @property
+    def key(self) -> str:
+        """"workload/name": unique in a run, how comparisons name configurations."""
+        return f"{self.workload}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A ratio printed under the table: `numerator`'s samples/s over `denominator`'s.
+
+    Attributes:
+        label: what the ratio means (e.g. "HTTP decode / local decode").
+        numerator, denominator: `Config.key`s ("workload/name").
+        target: the least ratio that counts as met (None: reported only).
+    """
+
+    label: str
+    numerator: str
+    denominator: str
+    target: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +142,24 @@ class Result:
     reps: list[Rep] = field(default_factory=list)
     setup_s: float = 0.0
     error: Optional[str] = None
+    corpus_bytes: int = 0
+    stats: Optional[str] = None  # shardstream's `it.stats().format()` after the last pass
+
+    @property
+    def mb_per_s(self) -> Optional[float]:
+        """Shard bytes read per second by the fastest full pass (MB = 1e6 bytes), if known."""
+        best = self.best
+        if best is None or not self.config.full_pass or not self.corpus_bytes or best.wall_s <= 0:
+            return None
+        return self.corpus_bytes / best.wall_s / 1e6
+
+    @property
+    def verdict(self) -> Optional[str]:
+        """The `verdict:` line of the shardstream stats, without the prefix."""
+        for line in (self.stats or "").splitlines():
+            if line.startswith("verdict:"):
+                return line[len("verdict:"):].strip()
+        return None
 
     @property
     def best(self) -> Optional[Rep]:
@@ -113,8 +184,10 @@ class Result:
             "error": self.error,
             "setup_s": self.setup_s,
             "reps": [asdict(r) for r in self.reps],
+            "stats": self.stats,
             "summary": None if best is None else {
                 "samples_per_s": self.rate,
+                "mb_per_s": self.mb_per_s,
                 "wall_s": best.wall_s,
                 "first_sample_s": best.first_s,
                 "cpu_s_per_1k": 1000 * best.cpu_s / best.samples if best.samples else None,
@@ -124,39 +197,83 @@ class Result:
 
 
 def run_config(config: Config, urls: list[str], *, repeat: int, expected_samples: int,
-               timeout_s: float) -> Result:
-    """Measure `config` in a fresh Python subprocess (`measure.py`) and check its sample counts."""
+               timeout_s: float, warm: Optional[list[str]] = None, env: Optional[dict] = None,
+               corpus_bytes: int = 0) -> Result:
+    """Measure `config` in a fresh Python subprocess (`measure.py`) and check its sample counts.
+
+    `urls` are what the workload reads; `warm` the local shard files the child reads once first
+    (default: `urls`, which must then be local); `env` is set in the child's environment (a None
+    value unsets the variable).
+    """
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps({"config": asdict(config), "urls": urls, "repeat": repeat}))
+        spec = {"config": asdict(config), "urls": urls, "warm": urls if warm is None else warm,
+                "repeat": repeat}
+        spec_path.write_text(json.dumps(spec))
         command = [sys.executable, str(HERE / "measure.py"), str(spec_path), str(result_path)]
+        child_env = dict(os.environ)
+        for name, value in (env or {}).items():
+            if value is None:
+                child_env.pop(name, None)
+            else:
+                child_env[name] = value
         try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+            returncode, output = _run_child(command, child_env, timeout_s)
         except subprocess.TimeoutExpired:
-            return Result(config, error=f"timed out after {timeout_s:.0f} s")
-        if proc.returncode != 0 or not result_path.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            return Result(config, error=f"exit {proc.returncode}: {tail[0]}")
+            return Result(config, error=f"timed out after {timeout_s:.0f} s", corpus_bytes=corpus_bytes)
+        if returncode != 0 or not result_path.exists():
+            tail = output.strip().splitlines()[-1:] or ["no output"]
+            return Result(config, error=f"exit {returncode}: {tail[0]}", corpus_bytes=corpus_bytes)
         data = json.loads(result_path.read_text())
-    result = Result(config, reps=[Rep(**r) for r in data["reps"]], setup_s=data["setup_s"])
+    result = Result(config, reps=[Rep(**r) for r in data["reps"]], setup_s=data["setup_s"],
+                    corpus_bytes=corpus_bytes, stats=data.get("stats"))
     wrong = [r.samples for r in result.reps if config.full_pass and r.samples != expected_samples]
     if wrong:
         result.error = f"saw {wrong[0]} samples, corpus has {expected_samples}"
     return result
 
 
-def check_same_payload(results: list[Result]) -> None:
-    """Flag full-pass results whose payload bytes differ from the workload's first full-pass result.
+def _run_child(command: list[str], env: dict, timeout_s: float) -> tuple[int, str]:
+    """Run `command` in a new session; return its exit code and stderr (else stdout).
 
-    Every configuration of a workload reads the same corpus, so a difference means a library skipped or
-    altered data, and its speed would not be comparable.
+    On a timeout or any exception here (Ctrl-C, SIGTERM turned into SystemExit) the child's whole
+    process group is killed: DataLoader workers and `curl` pipes included, which a SIGKILLed parent
+    would otherwise leave behind (torch workers of a dead parent can hang forever).
+    """
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    if proc.returncode != 0:
+        _kill_group(proc)  # workers a crashed child left behind
+    return proc.returncode, stderr or stdout
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group `proc` leads and reap `proc` (its pipes close once all are dead)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+    proc.communicate()
+
+
+def check_same_payload(results: list[Result]) -> None:
+    """Flag full-pass results whose payload bytes differ from the first full-pass result doing the same.
+
+    Every configuration of a workload (or, where set, of a pipeline: raw over local files, HTTP and S3
+    alike) reads the same corpus, so a difference means a library skipped or altered data, and its
+    speed would not be comparable.
     """
     reference: dict[str, int] = {}
     for result in results:
         if result.error or not result.config.full_pass:
             continue
         for rep in result.reps:
-            expected = reference.setdefault(result.config.workload, rep.bytes)
+            expected = reference.setdefault(result.config.pipeline or result.config.workload, rep.bytes)
             if rep.bytes != expected:
                 result.error = f"payload {rep.bytes} bytes, expected {expected}"
                 break

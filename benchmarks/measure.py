@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from typing import Optional
 
 import psutil
 
@@ -80,8 +81,15 @@ class PssSampler(threading.Thread):
         self.join()
 
 
-def timed_pass(start_pass, count) -> Rep:
-    """Run one pass; `start_pass()` returns the iterable, `count(item)` its (samples, bytes)."""
+def timed_pass(start_pass, count) -> tuple[Rep, Optional[str]]:
+    """Run one pass; `start_pass()` returns the iterable, `count(item)` its (samples, bytes).
+
+    Returns the figures, and shardstream's `stats().format()` of the pass when the iterator has one
+    (read after the clock stops; a DataLoader's iterator has none).
+    """
+    prepare = getattr(start_pass, "prepare", None)
+    if prepare is not None:
+        prepare()
     gc.collect()
     sampler = PssSampler()
     sampler.start()
@@ -97,12 +105,18 @@ def timed_pass(start_pass, count) -> Rep:
         n, b = count(item)
         samples += n
         nbytes += b
+    stats = getattr(iterator, "stats", None)  # shardstream's engine iterator; its threads are done
     del iterator, item  # lets DataLoader workers exit before the clock stops
     wall = time.perf_counter() - started
     cpu = process_tree_cpu() - cpu_start
     sampler.stop()
-    return Rep(samples=samples, bytes=nbytes, wall_s=wall, first_s=first if first is not None else wall,
-               cpu_s=max(0.0, cpu - sampler.own_cpu_s), peak_pss_mb=sampler.peak / 2**20)
+    text = None
+    if callable(stats):
+        pipeline_stats = stats()
+        text = pipeline_stats.format() if pipeline_stats is not None else None
+    rep = Rep(samples=samples, bytes=nbytes, wall_s=wall, first_s=first if first is not None else wall,
+              cpu_s=max(0.0, cpu - sampler.own_cpu_s), peak_pss_mb=sampler.peak / 2**20)
+    return rep, text
 
 
 def main(spec_path: str, result_path: str) -> None:
@@ -110,14 +124,22 @@ def main(spec_path: str, result_path: str) -> None:
     with open(spec_path) as stream:
         spec = json.load(stream)
     config = Config(**spec["config"])
-    warm_page_cache(spec["urls"])
-    workload = importlib.import_module(config.workload)
+    warm_page_cache(spec.get("warm", spec["urls"]))  # remote sources: the files the server reads
+    workload = importlib.import_module(config.module_name)
     started = time.perf_counter()
     start_pass = workload.make_pass(config, spec["urls"])
     setup = time.perf_counter() - started
-    reps = [timed_pass(start_pass, workload.count) for _ in range(spec["repeat"])]
+    reps, stats = [], None
+    try:
+        for _ in range(spec["repeat"]):
+            rep, stats = timed_pass(start_pass, workload.count)
+            reps.append(rep)
+    finally:
+        close = getattr(start_pass, "close", None)
+        if close is not None:
+            close()
     with open(result_path + ".tmp", "w") as stream:
-        json.dump({"setup_s": setup, "reps": [asdict(r) for r in reps]}, stream)
+        json.dump({"setup_s": setup, "reps": [asdict(r) for r in reps], "stats": stats}, stream)
     os.replace(result_path + ".tmp", result_path)
 
 

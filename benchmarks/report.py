@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Optional
 
-from harness import Result
+from harness import Comparison, Result
 
-__all__ = ["baseline_of", "format_table", "plot", "write_json"]
+__all__ = ["baseline_of", "format_comparisons", "format_table", "format_verdicts", "plot", "write_json"]
 
-COLUMNS = ("workload", "config", "samples/s", "ratio", "first ms", "CPU s/1k", "peak PSS MB")
+COLUMNS = ("workload", "config", "samples/s", "MB/s", "ratio", "first ms", "CPU s/1k", "peak PSS MB")
 COLOURS = {"webdataset": "#8c8c8c", "shardstream": "#1f77b4", "limit": "#2ca02c"}
 
 
 def baseline_of(results: list[Result], workload: str) -> Optional[Result]:
-    """The fastest successful webdataset configuration of `workload`: what ratios are measured against."""
-    candidates = [r for r in results if r.config.workload == workload and r.config.library == "webdataset"
-                  and r.error is None and r.best]
-    return max(candidates, key=lambda r: r.rate, default=None)
+    """What ratios of `workload` are measured against: its configuration marked `baseline`, else its
+    fastest successful webdataset configuration (None when there is neither, or it failed)."""
+    ok = [r for r in results if r.config.workload == workload and r.error is None and r.best]
+    marked = [r for r in results if r.config.workload == workload and r.config.baseline]
+    if marked:
+        return marked[0] if any(r is marked[0] for r in ok) else None
+    return max((r for r in ok if r.config.library == "webdataset"), key=lambda r: r.rate, default=None)
 
 
 def ratio(result: Result, results: list[Result]) -> Optional[float]:
@@ -33,13 +37,15 @@ def row(result: Result, results: list[Result]) -> list[str]:
     """One table row; a failed configuration shows its error instead of figures."""
     config, best = result.config, result.best
     if result.error or best is None:
-        return [config.workload, config.name, f"FAILED: {result.error}", "", "", "", ""]
+        return [config.workload, config.name, f"FAILED: {result.error}", "", "", "", "", ""]
     scaled = config.rate_scale != 1  # the limit: per-pass figures are of one thread, not comparable
     rel = ratio(result, results)
+    mb_per_s = result.mb_per_s
     return [
         config.workload,
         config.name,
         f"{result.rate:,.0f}",
+        "-" if mb_per_s is None else f"{mb_per_s:,.1f}",
         "-" if rel is None else f"{rel:.2f}x",
         "-" if scaled else f"{1000 * best.first_s:.0f}",
         "-" if scaled else f"{1000 * best.cpu_s / best.samples:.2f}",
@@ -59,8 +65,44 @@ def format_table(results: list[Result], header: str) -> str:
             lines.append("  ".join("-" * w for w in widths))
     bases = {r.config.workload: baseline_of(results, r.config.workload) for r in results}
     names = ", ".join(f"{w}: {b.config.name if b else 'none'}" for w, b in bases.items())
-    lines += ["", f"ratio = samples/s over the fastest webdataset config of the workload ({names})"]
+    ratio_line = (f"ratio = samples/s over the workload's baseline: its fastest webdataset config, or the "
+                  f"config marked as its reference ({names})")
+    lines += ["", "MB/s = shard bytes read per second (1 MB = 1e6 bytes)", ratio_line]
     return "\n".join(lines)
+
+
+def _by_key(results: list[Result]) -> dict[str, Result]:
+    return {r.config.key: r for r in results}
+
+
+def format_comparisons(results: list[Result], comparisons: list[Comparison]) -> str:
+    """One line per comparison: the ratio, its target and whether it was met ("" when none apply)."""
+    found = _by_key(results)
+    rows = []
+    for comparison in comparisons:
+        top, bottom = found.get(comparison.numerator), found.get(comparison.denominator)
+        if top is None or bottom is None:
+            continue  # a configuration not selected in this run
+        if top.error or bottom.error or not top.rate or not bottom.rate:
+            value, verdict = "n/a", "(a configuration failed)"
+        else:
+            rel = top.rate / bottom.rate
+            value = f"{rel:.2f}x"
+            verdict = "" if comparison.target is None else (
+                f"target >= {comparison.target:.2f}: " + ("met" if rel >= comparison.target else "MISSED"))
+        rows.append((comparison.label, value, verdict))
+    if not rows:
+        return ""
+    width = max(len(label) for label, _, _ in rows)
+    lines = ["comparisons (samples/s over samples/s):"]
+    lines += [f"  {label.ljust(width)}  {value:>6}  {verdict}".rstrip() for label, value, verdict in rows]
+    return "\n".join(lines)
+
+
+def format_verdicts(results: list[Result]) -> str:
+    """shardstream's own verdict of each configuration's last pass: which stage limited it."""
+    lines = [f"  {r.config.key}: {r.verdict}" for r in results if r.verdict and not r.error]
+    return "\n".join(["shardstream verdicts (last pass, it.stats().verdict()):", *lines]) if lines else ""
 
 
 def write_json(results: list[Result], meta: dict, path: Path) -> None:
@@ -97,8 +139,9 @@ def plot(results: list[Result], header: str, path: Path) -> None:
         ax.set_title(f"{workload}: samples/s (higher is better)", fontsize=10, loc="left")
         ax.set_xlim(0, max(rates + [1]) * 1.15)
         ax.tick_params(labelsize=8)
-    fig.suptitle(header, fontsize=8)
-    fig.tight_layout()
+    title = textwrap.fill(header, width=130)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.012 * title.count("\n")))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

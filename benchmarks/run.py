@@ -1,18 +1,22 @@
 """Run the shardstream-vs-webdataset benchmarks and report them.
 
-    .venv/bin/python benchmarks/run.py [--workload raw|decode|all] [--repeat 3] [--samples 4000]
+    .venv/bin/python benchmarks/run.py [--workload raw|decode|remote|all] [--repeat 3] [--samples 4000]
                                        [--shards 16] [--workers 1,2,4] [--quick]
 
-Every configuration runs in its own fresh Python process. Prints a table, writes
-benchmarks/out/results.json and benchmarks/out/benchmarks.png.
+Every configuration runs in its own fresh Python process. The servers of the remote workloads (HTTP,
+S3) run in their own processes, started once here and stopped on the way out (errors, Ctrl-C and
+SIGTERM included). Prints a table, writes benchmarks/out/results.json and benchmarks/out/benchmarks.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import platform
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +25,8 @@ from pathlib import Path
 
 import corpus
 import report
-from harness import WORKLOADS, Config, check_same_payload, run_config
+import servers
+from harness import WORKLOADS, Comparison, Config, Result, check_same_payload, run_config
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -35,7 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="timed passes per config; the fastest is shown")
     parser.add_argument("--samples", type=int, default=corpus.CorpusSpec.samples)
     parser.add_argument("--shards", type=int, default=corpus.CorpusSpec.shards)
-    parser.add_argument("--workers", default="1,2,4", help="DataLoader/WebLoader worker counts (decode)")
+    parser.add_argument("--workers", default="1,2,4",
+                        help="DataLoader/WebLoader worker counts (decode; remote always uses 2 and 8)")
     parser.add_argument("--quick", action="store_true", help="small corpus, 1 repetition: a smoke test")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per config")
     args = parser.parse_args(argv)
@@ -92,40 +98,114 @@ def machine_meta(args: argparse.Namespace, urls: list[str]) -> dict:
 
 def header_line(meta: dict) -> str:
     """The one-line description printed above the table and on the plot."""
-    return (f"cores={meta['cores']} python={meta['python']} torch={meta['torch']} "
+    line = (f"cores={meta['cores']} python={meta['python']} torch={meta['torch']} "
             f"webdataset={meta['webdataset']} shardstream={meta['shardstream']} ({meta['git']}) | "
             f"corpus {meta['samples']} samples / {meta['shards']} shards / {meta['corpus_mb']} MB | "
             f"best of {meta['repeat']}")
+    if "http" in meta:
+        http = meta["http"]
+        line += (f" | http: {http['latency_ms']:g} ms to first byte, "
+                 f"{http['bandwidth'] / 1e6:g} MB/s per connection")
+    return line
+
+
+def selected_modules(args: argparse.Namespace) -> list:
+    """The chosen workload modules, in table order."""
+    names = WORKLOADS if args.workload == "all" else [args.workload]
+    return [importlib.import_module(name) for name in names]
 
 
 def selected_configs(args: argparse.Namespace) -> list[Config]:
     """The configurations of the chosen workloads, in table order."""
-    names = WORKLOADS if args.workload == "all" else [args.workload]
-    return [c for name in names for c in importlib.import_module(name).configs(args.workers)]
+    return [c for module in selected_modules(args) for c in module.configs(args.workers)]
+
+
+def selected_comparisons(args: argparse.Namespace) -> list[Comparison]:
+    """The comparisons the chosen workload modules define (optional in the contract)."""
+    return [c for module in selected_modules(args) for c in getattr(module, "comparisons", list)()]
+
+
+def start_servers(stack: contextlib.ExitStack, sources: set[str],
+                  paths: list[str]) -> tuple[dict[str, servers.Remote], dict[str, str]]:
+    """Start the servers `sources` need (entered on `stack`, so they stop with it).
+
+    Returns where each started source's shards are, and why a source could not be started.
+    """
+    remotes, failed = {"local": servers.Remote(paths)}, {}
+    starters = {"http": lambda: servers.http_server(paths), "s3": lambda: servers.s3_server(paths)}
+    for source in sorted(sources - {"local"}):
+        started = time.perf_counter()
+        try:
+            remotes[source] = stack.enter_context(starters[source]())
+        except Exception as error:  # noqa: BLE001 - its configurations fail, the others still run
+            failed[source] = f"{source} server did not start: {type(error).__name__}: {error}"
+            print(failed[source], flush=True)
+            continue
+        where = remotes[source].urls[0].rsplit("/", 1)[0]
+        print(f"{source}: serving the corpus at {where} (ready in {time.perf_counter() - started:.1f} s)",
+              flush=True)
+    return remotes, failed
+
+
+def cannot_run(config: Config, failed_sources: dict[str, str]) -> str | None:
+    """Why `config` cannot run here (its server failed, a tool is missing), or None."""
+    if config.source in failed_sources:
+        return failed_sources[config.source]
+    if config.library == "webdataset" and config.source == "http" and shutil.which("curl") is None:
+        return "curl not found (webdataset fetches http:// URLs by piping curl)"
+    return None
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C, so the servers are stopped
 
 
 def main(argv: list[str] | None = None) -> int:
     """Build or reuse the corpus, run each configuration in a subprocess, report; 1 if any failed."""
     args = parse_args(argv)
+    started = time.perf_counter()
+    signal.signal(signal.SIGTERM, _terminate)
     spec = corpus.CorpusSpec(samples=args.samples, shards=args.shards)
     urls = corpus.ensure_corpus(spec, corpus_dir(spec))
     meta = machine_meta(args, urls)
+    configs = selected_configs(args)
+    if any(c.source == "http" for c in configs):
+        meta["http"] = {"latency_ms": servers.HTTP_LATENCY_MS, "bandwidth": servers.HTTP_BANDWIDTH}
+    corpus_bytes = sum(os.path.getsize(u) for u in urls)
     results = []
-    for config in selected_configs(args):
-        print(f"running {config.workload}/{config.name} ...", end=" ", flush=True)
-        result = run_config(config, urls, repeat=args.repeat, expected_samples=args.samples,
-                            timeout_s=args.timeout)
-        print(f"FAILED: {result.error}" if result.error else f"{result.rate:,.0f} samples/s", flush=True)
-        results.append(result)
+    with contextlib.ExitStack() as stack:
+        remotes, failed_sources = start_servers(stack, {c.source for c in configs}, urls)
+        for config in configs:
+            print(f"running {config.workload}/{config.name} ...", end=" ", flush=True)
+            reason = cannot_run(config, failed_sources)
+            if reason is not None:
+                result = Result(config, error=reason, corpus_bytes=corpus_bytes)
+            else:
+                remote = remotes[config.source]
+                result = run_config(config, remote.urls, repeat=args.repeat, expected_samples=args.samples,
+                                    timeout_s=args.timeout, warm=urls, env=remote.env,
+                                    corpus_bytes=corpus_bytes)
+            print(f"FAILED: {result.error}" if result.error else f"{result.rate:,.0f} samples/s", flush=True)
+            results.append(result)
     check_same_payload(results)
     header = header_line(meta)
     print()
     print(report.format_table(results, header))
+    for block in (report.format_comparisons(results, selected_comparisons(args)),
+                  report.format_verdicts(results)):
+        if block:
+            print()
+            print(block)
+    meta["elapsed_s"] = round(time.perf_counter() - started, 1)
     report.write_json(results, meta, OUT / "results.json")
     report.plot(results, header, OUT / "benchmarks.png")
-    print(f"\nwrote {OUT / 'results.json'} and {OUT / 'benchmarks.png'}")
+    print(f"\nwrote {OUT / 'results.json'} and {OUT / 'benchmarks.png'} ({meta['elapsed_s']:.0f} s in all)")
     return 1 if any(r.error for r in results) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the servers and the running configuration are stopped by now
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
