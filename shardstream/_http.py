@@ -24,7 +24,7 @@ from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, reda
 from ._fetch import FetchOptions, note_fetch
 from ._loop import get_session
 
-__all__ = ["http_stream", "translate_error"]
+__all__ = ["http_size", "http_stream", "translate_error"]
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,10 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
 class _Transfer:
     """What one download knows across attempts: bytes received, total size, the validator."""
 
-    def __init__(self, url: str, start: int) -> None:
+    def __init__(self, url: str, start: int, stop: Optional[int] = None) -> None:
         self.url = url
         self.received = start  # absolute offset of the next byte wanted
+        self.stop = stop  # absolute offset just past the last byte wanted (None: to the end)
         self.total: Optional[int] = None  # the object's size, once a response says
         self.total_exact = False  # said by Content-Range, not only by a 200's Content-Length
         self.response_end: Optional[int] = None  # where the current response's body ends
@@ -99,12 +100,15 @@ class _Transfer:
 
     @property
     def complete(self) -> bool:
+        if self.stop is not None and self.received >= self.stop:
+            return True
         return self.total is not None and self.received >= self.total
 
     def request_headers(self) -> dict:
-        if self.received == 0:
+        if self.received == 0 and self.stop is None:
             return {}
-        headers = {hdrs.RANGE: f"bytes={self.received}-"}
+        last = "" if self.stop is None else str(self.stop - 1)
+        headers = {hdrs.RANGE: f"bytes={self.received}-{last}"}
         # If-Range wants a strong validator; a server that honours it answers 200 with the new
         # object when ours changed, which `accept` then refuses.
         validator = self.etag if self.etag and not self.etag.startswith("W/") else self.last_modified
@@ -122,7 +126,7 @@ class _Transfer:
         what = f"HTTP {status} {resp.reason or ''}".rstrip()
         if status in (404, 410):
             raise self.error(what, ShardNotFound)
-        if status == 416 and self.received > 0:
+        if status == 416 and (self.received > 0 or self.stop is not None):
             match = _CONTENT_RANGE.fullmatch(resp.headers.get(hdrs.CONTENT_RANGE, "").strip())
             size = int(match.group(3)) if match and match.group(3) != "*" else None
             if size == self.received or (size is None and self.total is None):
@@ -176,13 +180,29 @@ class _Transfer:
         self.etag, self.last_modified = etag or self.etag, modified or self.last_modified
 
 
-async def http_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncIterator[bytes]:
-    """Yield the bytes of an http(s) URL from `start`, retrying and resuming as `options` say."""
-    session = await get_session()
-    timeout = aiohttp.ClientTimeout(
+def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(
         total=None, connect=None, sock_connect=options.connect_timeout, sock_read=options.stall_timeout
     )
-    transfer = _Transfer(url, start)
+
+
+async def http_stream(
+    url: str, *, options: FetchOptions, start: int = 0, stop: Optional[int] = None
+) -> AsyncIterator[bytes]:
+    """Yield the bytes of an http(s) URL from `start` (up to `stop`, exclusive, if given),
+    retrying and resuming as `options` say.
+
+    With `stop`, every request asks for `Range: bytes=start-(stop-1)` (a resume, for what is left
+    of it); a range past the end of the object yields what there is. A server that ignores Range
+    has the prefix skipped and the body cut at `stop`.
+    """
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"bad byte range: start={start}, stop={stop}")
+    if stop is not None and stop == start:
+        return
+    session = await get_session()
+    timeout = _timeout(options)
+    transfer = _Transfer(url, start, stop)
     failures = 0  # consecutive attempts that failed without delivering a byte
     while not transfer.complete:
         attempt_start = transfer.received
@@ -202,6 +222,12 @@ async def http_stream(url: str, *, options: FetchOptions, start: int = 0) -> Asy
                     total = transfer.total
                     if total is not None and transfer.received + len(chunk) > total:
                         raise transfer.error(f"body is longer than the advertised {total} bytes")
+                    if stop is not None and transfer.received + len(chunk) >= stop:
+                        chunk = chunk[: stop - transfer.received]  # a 200 (Range ignored) goes on
+                        transfer.received = stop
+                        if chunk:
+                            yield chunk
+                        return
                     transfer.received += len(chunk)
                     yield chunk
                 if skip:
@@ -236,4 +262,55 @@ async def http_stream(url: str, *, options: FetchOptions, start: int = 0) -> Asy
             level, "retry %d/%d of %s from byte %d in %.2f s: %s",
             failures, options.retries, redact_url(url), transfer.received, delay, error.message,
         )
+        await asyncio.sleep(delay)
+
+
+async def http_size(url: str, *, options: FetchOptions) -> Optional[int]:
+    """The size in bytes of the object at an http(s) URL, learnt from `Range: bytes=0-0` (the
+    Content-Range of a 206, or an empty object's 416); None if the server does not serve ranges
+    or does not say. Retried as `options` say; raises like `http_stream` (ShardNotFound, ...)."""
+    session = await get_session()
+    timeout = _timeout(options)
+    failures = 0
+    while True:
+        try:
+            headers = {hdrs.RANGE: "bytes=0-0"}
+            async with session.get(url, headers=headers, timeout=timeout, read_bufsize=1 << 16) as resp:
+                status = resp.status
+                what = f"HTTP {status} {resp.reason or ''}".rstrip()
+                if status in (404, 410):
+                    raise ShardNotFound(what, url=url, offset=0)
+                if status in _RETRY_STATUSES:
+                    raise _Retry(FetchError(what, url=url, offset=0), _retry_after(resp.headers.get(hdrs.RETRY_AFTER)))
+                if status not in (206, 416):
+                    if status == 200:
+                        return None  # Range not served: one connection reads it all
+                    raise FetchError(what, url=url, offset=0)
+                match = _CONTENT_RANGE.fullmatch(resp.headers.get(hdrs.CONTENT_RANGE, "").strip())
+                if match is None or match.group(3) == "*":
+                    return None
+                size = int(match.group(3))
+                if status == 416 and size != 0:
+                    return None  # 0-0 unsatisfiable only for an empty object: a confused server
+                try:
+                    await resp.read()  # a byte at most: read, so that the connection is reused
+                except Exception:  # noqa: BLE001 - the size is known; a bad body costs a connection
+                    pass
+                return size
+        except _Retry as retry:
+            error, retry_after = retry.error, retry.retry_after
+        except Exception as exc:  # noqa: BLE001
+            error, retryable = translate_error(exc, url, 0)
+            if not retryable:
+                raise error from (None if error is exc else exc)
+            retry_after = None
+        failures += 1
+        if failures > options.retries:
+            message = f"{error.message}; gave up after {failures} attempts"
+            raise type(error)(message, url=url, offset=0) from error
+        if retry_after is not None:
+            delay = min(retry_after, options.backoff_max)
+        else:
+            delay = random.uniform(0.0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
+        note_fetch(retries=1)
         await asyncio.sleep(delay)

@@ -1,0 +1,325 @@
+"""One URL fetched over several connections at once (FetchOptions.parallel_parts): ranged
+http_stream, http_size, exact bytes around part boundaries, speed under a per-connection
+bandwidth cap, faults, errors in order, close, and the fall-back to one connection."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+from shardserver import ShardServer  # noqa: E402
+
+from shardstream import _http  # noqa: E402
+from shardstream._errors import FetchError, ShardNotFound  # noqa: E402
+from shardstream._fetch import FetchOptions, fetch_stream, open_stream  # noqa: E402
+from shardstream._http import http_size, http_stream  # noqa: E402
+from shardstream._loop import run_coroutine  # noqa: E402
+
+pytestmark = pytest.mark.timeout(20)
+
+KIB, MIB = 1 << 10, 1 << 20
+PART = 64 * KIB
+FAST = FetchOptions(
+    backoff_base=0.01, backoff_max=0.05, chunk_size=16 * KIB, prefetch_bytes=256 * KIB, stall_timeout=5,
+    part_size=PART,
+)
+SIZES = {
+    "empty.bin": 0, "one.bin": 1, "below.bin": PART - 1, "exact.bin": PART, "above.bin": PART + 1,
+    "several.bin": 3 * PART + 5, "four.bin": 4 * MIB, "large.bin": 8 * MIB,
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    contents = {}
+    for seed, (name, size) in enumerate(SIZES.items()):
+        contents[name] = random.Random(100 + seed).randbytes(size)
+        (root / name).write_bytes(contents[name])
+    return root, contents
+
+
+@pytest.fixture(scope="module")
+def shared_server(files):
+    with ShardServer(files[0]) as srv:
+        yield srv
+
+
+@pytest.fixture
+def server(files):
+    with ShardServer(files[0]) as srv:
+        yield srv
+
+
+def fetch_all(url, options=FAST, **kwargs):
+    with open_stream(url, options=options, **kwargs) as stream:
+        return b"".join(stream), stream.stats.snapshot()
+
+
+async def _collect(chunks):
+    return b"".join([chunk async for chunk in chunks])
+
+
+def collect(chunks, timeout=10):
+    return run_coroutine(_collect(chunks)).result(timeout)
+
+
+def loop_tasks():
+    async def others():
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    return run_coroutine(others()).result(5)
+
+
+def wait_for(predicate, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# --- http_stream(start, stop) and http_size -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["empty.bin", "one.bin", "above.bin", "several.bin"])
+def test_ranged_http_stream(shared_server, files, name):
+    data, url = files[1][name], shared_server.url(name)
+    n = len(data)
+    cases = {(0, None), (0, 0), (0, 1), (0, n), (0, n + 10), (n // 2, n), (n // 3, n // 2), (n, n + 5)}
+    cases |= {(PART - 1, PART + 1), (PART, 2 * PART), (1, PART)}
+    for start, stop in sorted(cases, key=str):
+        if start > n:
+            continue
+        if stop is not None and stop < start:
+            continue
+        expected = data[start:stop]
+        got = collect(http_stream(url, options=FAST, start=start, stop=stop))
+        assert got == expected, (start, stop)
+
+
+def test_ranged_http_stream_rejects_a_bad_range(shared_server):
+    with pytest.raises(ValueError):
+        collect(http_stream(shared_server.url("one.bin"), options=FAST, start=5, stop=2))
+
+
+def test_http_size(shared_server, files):
+    for name, data in files[1].items():
+        assert run_coroutine(http_size(shared_server.url(name), options=FAST)).result(5) == len(data)
+    with pytest.raises(ShardNotFound):
+        run_coroutine(http_size(shared_server.url("missing.bin"), options=FAST)).result(5)
+
+
+def test_ranged_resume_after_faults(server, files):
+    server.options.seed, server.options.reset_rate, server.options.truncate_rate = 5, 0.3, 0.2
+    data, url = files[1]["large.bin"], server.url("large.bin")
+    ranges = [(0, MIB), (MIB + 7, 3 * MIB), (len(data) - MIB, len(data))]
+    ranges += [(i * 700_001, i * 700_001 + 300_000) for i in range(10)]
+    for start, stop in ranges:
+        assert collect(http_stream(url, options=FAST, start=start, stop=stop)) == data[start:stop]
+    seen = server.stats.snapshot()
+    assert sum(seen.faults.values()) > 0 and seen.requests > len(ranges)
+
+
+# --- exact bytes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", ["empty.bin", "one.bin", "below.bin", "exact.bin", "above.bin", "several.bin"])
+def test_exact_bytes_around_part_boundaries(shared_server, files, name, parts):
+    data, url = files[1][name], shared_server.url(name)
+    options = FAST.replace(parallel_parts=parts)
+    before = shared_server.stats.snapshot().requests
+    got, stats = fetch_all(url, options)
+    assert got == data and stats["bytes"] == len(data) and stats["retries"] == 0
+    requests = shared_server.stats.snapshot().requests - before
+    if parts == 1:
+        assert requests == 1
+    else:  # one to learn the size, then one per part (or one for all if it fits in a part)
+        assert requests == 1 + max(1, -(-len(data) // PART) if len(data) > PART else 1)
+    for start in {1, PART - 1, PART, PART + 1, len(data) // 2}:
+        if start <= len(data):
+            got = collect(fetch_stream(url, options=options, start=start))
+            assert got == data[start:], start
+
+
+def test_many_parts_with_small_chunks(shared_server, files):
+    data = files[1]["large.bin"]
+    options = FAST.replace(parallel_parts=8, part_size=100_000, chunk_size=7_000)
+    got, stats = fetch_all(shared_server.url("large.bin"), options)
+    assert got == data and stats["bytes"] == len(data)
+
+
+# --- speed ------------------------------------------------------------------------------------------
+
+
+def test_parallel_parts_beat_the_per_connection_cap(server, files):
+    server.options.latency_ms, server.options.bandwidth = 20, 2e6
+    data, url = files[1]["four.bin"], server.url("four.bin")
+    timings = {}
+    for parts in (1, 4):
+        options = FAST.replace(parallel_parts=parts, part_size=512 * KIB, chunk_size=64 * KIB, prefetch_bytes=1 * MIB)
+        started = time.monotonic()
+        got, _ = fetch_all(url, options)
+        timings[parts] = time.monotonic() - started
+        assert got == data
+    assert timings[1] >= len(data) / 2e6 * 0.9
+    assert timings[4] < 0.6 * timings[1], timings
+
+
+# --- faults and errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["reset", "status", "truncate", "wrong_length", "throttle"])
+def test_faults_still_give_exact_bytes(server, files, kind):
+    server.options.seed = 11
+    setattr(server.options, f"{kind}_rate", 0.25)
+    if kind == "throttle":
+        server.options.retry_after = 0
+    options = FAST.replace(parallel_parts=4)
+    total_retries = 0
+    for name in ["several.bin", "large.bin", "above.bin"]:
+        got, stats = fetch_all(server.url(name), options)
+        assert got == files[1][name], name
+        assert stats["bytes"] == len(got)
+        total_retries += stats["retries"]
+    seen = server.stats.snapshot()
+    assert seen.faults[kind] > 0
+    # A fault in the body of a size probe costs nothing (the size came with the headers), and a
+    # wrong Content-Length is overruled by the Content-Range of a part: no retry for those.
+    if kind != "wrong_length":
+        assert total_retries > 0 and total_retries >= seen.faults[kind] - 3
+
+
+def test_not_found_with_parallel_parts(server):
+    with pytest.raises(ShardNotFound):
+        fetch_all(server.url("missing.bin"), FAST.replace(parallel_parts=4))
+
+
+async def _start_app(handle):
+    app = web.Application()
+    app.router.add_get("/{path:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/x.bin"
+
+
+def _serve_ranges(data, refuse_from=None, ignore_range=False, seen=None):
+    async def handle(request):
+        header = request.headers.get("Range")
+        if seen is not None:
+            seen.append(header)
+        if ignore_range or header is None:
+            return web.Response(body=data, headers={"ETag": '"v1"'})
+        first, _, last = header.removeprefix("bytes=").partition("-")
+        first, last = int(first), min(int(last) if last else len(data) - 1, len(data) - 1)
+        if refuse_from is not None and first >= refuse_from:
+            return web.Response(status=403, text="no")
+        headers = {"ETag": '"v1"', "Content-Range": f"bytes {first}-{last}/{len(data)}"}
+        return web.Response(status=206, body=data[first : last + 1], headers=headers)
+
+    return run_coroutine(_start_app(handle)).result(5)
+
+
+def test_a_failing_part_surfaces_in_order(files):
+    data = files[1]["large.bin"]
+    runner, url = _serve_ranges(data, refuse_from=3 * PART)
+    try:
+        got = bytearray()
+        with open_stream(url, options=FAST.replace(parallel_parts=4)) as stream:
+            with pytest.raises(FetchError, match="403"):
+                for chunk in stream:
+                    got += chunk
+        assert bytes(got) == data[: 3 * PART]  # every byte before the failed part, in order
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
+def test_a_server_without_range_support_gets_one_connection(files):
+    data, seen = files[1]["several.bin"], []
+    runner, url = _serve_ranges(data, ignore_range=True, seen=seen)
+    try:
+        assert run_coroutine(http_size(url, options=FAST)).result(5) is None
+        seen.clear()
+        got, _ = fetch_all(url, FAST.replace(parallel_parts=4))
+        # The size probe, the first part (asked for alongside, then dropped), then one plain GET.
+        # (the first part's request may be cancelled before it is sent)
+        assert got == data and seen.count("bytes=0-0") == 1 and seen.count(None) == 1
+        assert set(seen) <= {"bytes=0-0", f"bytes=0-{PART - 1}", None} and len(seen) <= 3
+        got = collect(fetch_stream(url, options=FAST.replace(parallel_parts=4), start=PART + 3))
+        assert got == data[PART + 3 :]
+        # A ranged http_stream cuts a 200's body at `stop`.
+        assert collect(http_stream(url, options=FAST, start=10, stop=PART + 20)) == data[10 : PART + 20]
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
+def test_unknown_size_falls_back_to_one_connection(shared_server, files, monkeypatch):
+    async def no_size(url, *, options):
+        return None
+
+    monkeypatch.setattr(_http, "http_size", no_size)
+    before = shared_server.stats.snapshot()
+    got, _ = fetch_all(shared_server.url("large.bin"), FAST.replace(parallel_parts=4))
+    after = shared_server.stats.snapshot()
+    assert got == files[1]["large.bin"]
+    # At most the first part was asked for (alongside the size), then one plain GET read it all.
+    assert after.requests - before.requests <= 2 and after.range_requests - before.range_requests <= 1
+    assert shared_server.stats.snapshot().statuses[200] > before.statuses[200]
+
+
+# --- close, memory --------------------------------------------------------------------------------
+
+
+def test_close_mid_download_cancels_every_part(server, files):
+    # warm: loop, session, pooled connections, the loop's executor threads (DNS lookups)
+    fetch_all(server.url("several.bin"), FAST.replace(parallel_parts=4))
+    baseline_tasks, baseline_threads = loop_tasks(), set(threading.enumerate())
+    server.options.bandwidth = 2e6
+    options = FAST.replace(parallel_parts=4, part_size=1 * MIB)
+    stream = open_stream(server.url("large.bin"), options=options)
+    assert files[1]["large.bin"].startswith(next(stream))
+    assert wait_for(lambda: server.stats.bytes_sent > 512 * KIB)
+    assert len(loop_tasks()) >= len(baseline_tasks) + 5  # the pump and four parts
+    started = time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < 0.5
+    assert wait_for(lambda: loop_tasks() == baseline_tasks)
+    sent = server.stats.bytes_sent
+    time.sleep(0.3)  # four live connections at 2 MB/s would send ~2.4 MB more
+    assert server.stats.bytes_sent - sent < 256 * KIB
+    assert set(threading.enumerate()) == baseline_threads
+    assert sent < len(files[1]["large.bin"]) // 2
+
+
+def test_a_consumer_that_does_not_read_bounds_the_parts(server, files):
+    options = FAST.replace(parallel_parts=3, part_size=512 * KIB, prefetch_bytes=256 * KIB)
+    stream = open_stream(server.url("large.bin"), options=options)
+    try:
+        time.sleep(0.5)  # unthrottled, the whole 8 MiB would be here by now
+        sent = server.stats.bytes_sent
+        time.sleep(0.2)
+        assert server.stats.bytes_sent == sent
+        # parts in memory + the prefetch + kernel / aiohttp buffers, well short of the file
+        assert sent <= 3 * 512 * KIB + 256 * KIB + 2 * MIB
+        assert b"".join(stream) == files[1]["large.bin"]
+    finally:
+        stream.close()
+
+
+def test_options_are_validated():
+    for bad in ({"parallel_parts": 0}, {"parallel_parts": 1.5}, {"part_size": 0}):
+        with pytest.raises(ValueError):
+            FetchOptions(**bad)
+    assert FetchOptions().parallel_parts == 1 and FetchOptions().part_size == 8 * MIB
