@@ -265,18 +265,18 @@ def test_a_server_without_range_support_gets_one_connection(files):
         run_coroutine(runner.cleanup()).result(5)
 
 
-def test_unknown_size_falls_back_to_one_connection(shared_server, files, monkeypatch):
+def test_unknown_size_falls_back_to_one_connection(server, files, monkeypatch):
     async def no_size(url, *, options):
         return None
 
     monkeypatch.setattr(_http, "http_size", no_size)
-    before = shared_server.stats.snapshot()
-    got, _ = fetch_all(shared_server.url("large.bin"), FAST.replace(parallel_parts=4))
-    after = shared_server.stats.snapshot()
+    before = server.stats.snapshot()
+    got, _ = fetch_all(server.url("large.bin"), FAST.replace(parallel_parts=4))
+    after = server.stats.snapshot()
     assert got == files[1]["large.bin"]
     # At most the first part was asked for (alongside the size), then one plain GET read it all.
     assert after.requests - before.requests <= 2 and after.range_requests - before.range_requests <= 1
-    assert shared_server.stats.snapshot().statuses[200] > before.statuses[200]
+    assert server.stats.snapshot().statuses[200] > before.statuses[200]
 
 
 # --- close, memory --------------------------------------------------------------------------------
