@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Iterator, Optional
 
 from ._counts import sample_counts
+from ._ranks import pytorch_worker_info
 from ._samples import source_url
 from ._scheduler import SchedulerConfig, Shard, ShardScheduler
 from ._stages import PipelineStage
-from .utils import pytorch_worker_info
 
 __all__ = ["EqualSplit", "WORKER_SPLIT"]
 

@@ -17,6 +17,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
+from ._ranks import pytorch_worker_info
 from ._stages import PipelineStage
 from ._torch import is_tensor
 
@@ -104,8 +105,6 @@ class SeededShuffle(PipelineStage):
         self.epoch = epoch
 
     def run(self, src):
-        from .utils import pytorch_worker_info
-
         rank, _world, worker, _workers = pytorch_worker_info()
         epoch = self.epoch if self.epoch is not None else self.passes
         self.passes += 1
