@@ -66,8 +66,8 @@ class FetchOptions:
     retries: int = 8
     backoff_base: float = 0.2
     backoff_max: float = 10.0
-    chunk_size: int = 1 << 20
-    prefetch_bytes: int = 8 << 20
+    chunk_size: int = 256 << 10
+    prefetch_bytes: int = 2 << 20
     parallel_parts: int = 1
     part_size: int = 8 << 20
 
