@@ -16,14 +16,27 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from looptools import loop_tasks, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 from shardserver import ShardServer  # noqa: E402
 
 from shardstream import _fetch  # noqa: E402
-from shardstream._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError  # noqa: E402
-from shardstream._fetch import FetchOptions, fetch_stats, fetch_stream, open_stream, register_fetcher  # noqa: E402
+from shardstream._errors import (  # noqa: E402
+    FetchError,
+    FetchTimeout,
+    NetworkError,
+    ShardNotFound,
+    UsageError,
+)
+from shardstream._fetch import (  # noqa: E402
+    FetchOptions,
+    fetch_stats,
+    fetch_stream,
+    open_stream,
+    register_fetcher,
+)
 from shardstream._loop import get_loop, run_coroutine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(20)
@@ -57,22 +70,6 @@ def fetch_all(url, options=FAST, **kwargs):
 
 async def _collect(url, options, start=0):
     return b"".join([chunk async for chunk in fetch_stream(url, options=options, start=start)])
-
-
-def loop_tasks():
-    async def others():
-        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
-
-    return run_coroutine(others()).result(5)
-
-
-def wait_for(predicate, timeout=3.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # --- whole downloads ----------------------------------------------------------------------------

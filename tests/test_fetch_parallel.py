@@ -4,7 +4,6 @@ bandwidth cap, faults, errors in order, close, and the fall-back to one connecti
 
 from __future__ import annotations
 
-import asyncio
 import random
 import sys
 import threading
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from looptools import loop_tasks, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
@@ -71,22 +71,6 @@ async def _collect(chunks):
 
 def collect(chunks, timeout=10):
     return run_coroutine(_collect(chunks)).result(timeout)
-
-
-def loop_tasks():
-    async def others():
-        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
-
-    return run_coroutine(others()).result(5)
-
-
-def wait_for(predicate, timeout=3.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # --- http_stream(start, stop) and http_size -------------------------------------------------------

@@ -1,0 +1,27 @@
+"""Helpers shared by the fetch tests: the shared loop's tasks, and waiting for a condition."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from shardstream._loop import run_coroutine
+
+
+def loop_tasks():
+    """The tasks on the shared loop (other than the one asking)."""
+
+    async def others():
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    return run_coroutine(others()).result(5)
+
+
+def wait_for(predicate, timeout=3.0):
+    """Poll `predicate` until true (True) or until `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
