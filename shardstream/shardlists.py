@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import sys
@@ -130,15 +131,21 @@ def non_empty(src):
 
 
 class ResampledShards(IterableDataset):
-    """An endless (or nshards long) stream of shards drawn with replacement."""
+    """An endless (or nshards long) stream of shards drawn with replacement.
+
+    `weights` (a shardstream extension, as OpenCLIP's upsampling factors): one weight per
+    `::`-separated source of a string spec; a source's weight is split evenly over its shards,
+    so each source is drawn in proportion to its weight whatever its number of shards.
+    """
 
     def __init__(self, urls, nshards=sys.maxsize, seed=0, worker_seed=None, deterministic=False,
-                 max_urls=int(1e6), empty_check=True) -> None:
+                 max_urls=int(1e6), empty_check=True, weights=None) -> None:
         super().__init__()
         self.urls = expand_source(urls, max_urls)
         if empty_check and len(self.urls) == 0:
             raise ValueError("empty_check=True, but no shards found in ResampledShards")
         assert isinstance(self.urls[0], str)
+        self.weights = None if weights is None else _per_shard_weights(urls, weights)
         self.nshards = nshards
         self.worker_seed = utils.pytorch_worker_seed if worker_seed is None else worker_seed
         self.deterministic = deterministic
@@ -152,9 +159,27 @@ class ResampledShards(IterableDataset):
         else:
             seed = utils.make_seed(self.worker_seed(), self.epoch, self.seed, os.getpid(), time.time_ns(), os.urandom(4))
         self.rng = random.Random(seed)
+        if self.weights is not None:
+            cumulative = list(itertools.accumulate(self.weights))
+            for _ in range(self.nshards):
+                yield dict(url=self.rng.choices(self.urls, cum_weights=cumulative)[0])
+            return
         for _ in range(self.nshards):
             index = self.rng.randint(0, len(self.urls) - 1)
             yield dict(url=self.urls[index])
+
+
+def _per_shard_weights(spec, weights) -> List[float]:
+    """Weights per source of a `::` spec, spread evenly over each source's shards."""
+    if not isinstance(spec, str):
+        raise ValueError("weights need a string spec with one `::`-separated source per weight")
+    sources = [expand_urls(part) for part in spec.split("::")]
+    weights = [float(w) for w in (weights.split("::") if isinstance(weights, str) else weights)]
+    if len(weights) != len(sources):
+        raise ValueError(f"{len(weights)} weights for {len(sources)} `::` sources")
+    if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
+        raise ValueError("weights must be >= 0 and not all 0")
+    return [w / len(urls) for urls, w in zip(sources, weights) for _ in urls]
 
 
 ResampledShardList = ResampledShards

@@ -99,3 +99,15 @@ def test_resampled_with_a_seed_is_reproducible_and_resumable(shardset):
     a = list(build())
     assert a == list(build()) and len(a) == 60
     check_resume(build, checkpoints=(0, 17))
+
+
+def test_weighted_sources_are_drawn_in_their_proportions(shardset):
+    spec = shardset[0] + "::" + "{" + shardset[1] + "," + shardset[2] + "}"
+    shards = wds.ResampledShards(spec, nshards=6000, weights="1::3", seed=7, deterministic=True)
+    draws = [d["url"] for d in shards]
+    share = sum(u == shardset[0] for u in draws) / len(draws)
+    assert abs(share - 0.25) < 5 * (0.25 * 0.75 / len(draws)) ** 0.5
+    again = wds.ResampledShards(spec, nshards=6000, weights=[1, 3], seed=7, deterministic=True)
+    assert [d["url"] for d in again] == draws
+    with pytest.raises(ValueError):
+        wds.ResampledShards(spec, weights=[1])
