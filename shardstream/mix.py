@@ -9,7 +9,7 @@ import numpy as np
 
 from ._torch import IterableDataset
 
-__all__ = ["RandomMix", "RoundRobin", "random_samples", "round_robin_longest", "round_robin_shortest"]
+__all__ = ["RandomMix", "RoundRobin", "exact_samples", "random_samples", "round_robin_longest", "round_robin_shortest"]
 
 
 def round_robin_shortest(*sources: Iterator[Any]) -> Iterator[Any]:
@@ -65,19 +65,43 @@ def random_samples(sources: List[Iterator[Any]], probs: Optional[List[float]] = 
             del probs[i]
 
 
+def exact_samples(sources: List[Iterator[Any]], probs: Optional[List[float]] = None, longest: bool = False) -> Iterator[Any]:
+    """Interleave sources in exact proportions (smooth weighted round robin): after any n items,
+    each source has given its share of n rounded, never off by more than one item."""
+    weights = [1.0] * len(sources) if probs is None else [float(p) for p in probs]
+    credit = [0.0] * len(sources)
+    live = list(range(len(sources)))
+    while live:
+        total = sum(weights[i] for i in live)
+        for i in live:
+            credit[i] += weights[i]
+        pick = max(live, key=lambda i: credit[i])
+        credit[pick] -= total
+        try:
+            yield next(sources[pick])
+        except StopIteration:
+            if not longest:
+                return
+            live.remove(pick)
+
+
 class RandomMix(IterableDataset):
     """Draw each sample from a dataset chosen at random with the given probabilities.
 
-    `seed` (a shardstream extension) makes the choice sequence reproducible.
+    shardstream extensions: `seed` makes the choice sequence reproducible; `exact=True` replaces
+    the random choice by a deterministic interleave with exact proportions.
     """
 
-    def __init__(self, datasets, probs=None, longest: bool = False, seed: Optional[int] = None) -> None:
+    def __init__(self, datasets, probs=None, longest: bool = False, seed: Optional[int] = None, exact: bool = False) -> None:
         self.datasets = datasets
         self.probs = probs
         self.longest = longest
         self.seed = seed
+        self.exact = exact
 
     def __iter__(self) -> Iterator[Any]:
         sources = [iter(d) for d in self.datasets]
+        if self.exact:
+            return exact_samples(sources, self.probs, longest=self.longest)
         rng = None if self.seed is None else random.Random(self.seed)
         return random_samples(sources, self.probs, longest=self.longest, rng=rng)

@@ -111,3 +111,12 @@ def test_weighted_sources_are_drawn_in_their_proportions(shardset):
     assert [d["url"] for d in again] == draws
     with pytest.raises(ValueError):
         wds.ResampledShards(spec, weights=[1])
+
+
+def test_exact_mix_keeps_exact_proportions_and_resumes(shardset):
+    a = wds.MockDataset("a", 1000)
+    b = wds.MockDataset("b", 1000)
+    mixed = list(wds.RandomMix([a, b], [1, 3], exact=True))
+    for n in (4, 40, 400, 999):
+        assert abs(mixed[:n].count("a") - n / 4) <= 1
+    check_resume(lambda: wds.DataPipeline(wds.RandomMix([a, b], [1, 3], exact=True), wds.slice(300)), checkpoints=(0, 7, 150))
