@@ -113,7 +113,8 @@ class WebDataset(DataPipeline, FluidInterface):
     Beyond webdataset's arguments: `allow_pipe` enables `pipe:` URLs for this dataset, and
     `cache_memory_bytes` adds a memory tier (shards up to that size) in front of the disk cache,
     `fetch_options` sets timeouts / retries / buffer sizes for http(s) and s3 shards, and
-    `shards_in_flight` how many remote shards download at once.
+    `shards_in_flight` how many remote shards download at once, and `weights` (with
+    resampled=True) one draw weight per `::`-separated source of the spec.
     `cache_dir` / `cache_size` (and WDS_CACHE / WDS_CACHE_SIZE) set up the disk tier, shared by
     all processes on the node; `url_to_name` is accepted and ignored (names derive from the URL).
     """
@@ -142,6 +143,7 @@ class WebDataset(DataPipeline, FluidInterface):
         cache_memory_bytes: int = 0,
         fetch_options: Optional[FetchOptions] = None,
         shards_in_flight: int = 8,
+        weights: Any = None,
     ) -> None:
         super().__init__()
         if resampled:
@@ -157,7 +159,9 @@ class WebDataset(DataPipeline, FluidInterface):
         # Only a seed the user chose (argument or WDS_SEED) makes sample shuffles reproducible.
         self.sample_seed = seed if seed is not None else os.environ.get("WDS_SEED")
         cache = cache_from_options(cache_dir, cache_size, memory_bytes=cache_memory_bytes)
-        self._append_shard_source(urls, mode, self.sample_seed)
+        if weights is not None and mode != "resampled":
+            raise UsageError("weights= needs resampled=True (draws with replacement, per `::` source)")
+        self._append_shard_source(urls, mode, self.sample_seed, weights)
         if nodesplitter is shardlists.split_by_node and mode != "resampled":
             # Equal samples per rank, a new shard order every epoch, the same on all ranks.
             split_seed = seed if seed is not None else int(os.environ.get("WDS_SEED", 0))
@@ -179,7 +183,7 @@ class WebDataset(DataPipeline, FluidInterface):
         if empty_check:
             self.append(check_empty)
 
-    def _append_shard_source(self, urls: Any, mode: Optional[str], seed: Any = None) -> None:
+    def _append_shard_source(self, urls: Any, mode: Optional[str], seed: Any = None, weights: Any = None) -> None:
         if isinstance(urls, str) and (urls.endswith(".yaml") or urls.endswith(".yml")):
             with open(urls) as stream:
                 spec = yaml.safe_load(stream)
@@ -194,7 +198,11 @@ class WebDataset(DataPipeline, FluidInterface):
             if mode == "resampled":
                 # An explicit seed makes the draws reproducible per (seed, epoch, rank, worker).
                 deterministic = seed is not None
-                self.append(shardlists.ResampledShards(urls, seed=int(seed) if deterministic else 0, deterministic=deterministic))
+                self.append(
+                    shardlists.ResampledShards(
+                        urls, seed=int(seed) if deterministic else 0, deterministic=deterministic, weights=weights
+                    )
+                )
             else:
                 self.append(shardlists.SimpleShardList(urls))
         else:

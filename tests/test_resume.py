@@ -120,3 +120,15 @@ def test_exact_mix_keeps_exact_proportions_and_resumes(shardset):
     for n in (4, 40, 400, 999):
         assert abs(mixed[:n].count("a") - n / 4) <= 1
     check_resume(lambda: wds.DataPipeline(wds.RandomMix([a, b], [1, 3], exact=True), wds.slice(300)), checkpoints=(0, 7, 150))
+
+
+def test_webdataset_weighted_resampled_sources(shardset):
+    spec = shardset[0] + "::" + "{" + shardset[4] + "," + shardset[5] + "}"
+    ds = wds.WebDataset(spec, resampled=True, seed=1, weights="3::1").to_tuple("__url__").with_epoch(400)
+    urls = [u for (u,) in ds]
+    share = sum(u == shardset[0] for u in urls) / len(urls)
+    # shard 0 (8 samples) is drawn 3x as often as shards 4 and 5 together (37 + 2 samples): about
+    # 55% of the samples come from it; unweighted it would be about 17%.
+    assert len(urls) == 400 and share > 0.3
+    with pytest.raises(wds.UsageError):
+        wds.WebDataset(spec, shardshuffle=False, weights="3::1")
