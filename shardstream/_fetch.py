@@ -501,6 +501,11 @@ class ChunkStream:
     def closed(self) -> bool:
         return self._buffer.closed
 
+    @property
+    def downloading(self) -> bool:
+        """True while the fetch is still running (not finished, failed or cancelled)."""
+        return not self._future.done()
+
     def __iter__(self) -> "ChunkStream":
         return self
 

@@ -108,9 +108,7 @@ def _is_remote(url: str) -> bool:
 
 def _pulling(stream: ChunkStream) -> bool:
     """A stream still downloading with room in its buffer (it holds a connection busy)."""
-    future = getattr(stream, "_future", None)
-    done = future.done() if future is not None else True
-    return not done and stream.buffered_bytes < stream.options.prefetch_bytes
+    return stream.downloading and stream.buffered_bytes < stream.options.prefetch_bytes
 
 
 def shard_range(item: Any) -> tuple:

@@ -13,7 +13,7 @@ which composes stages as nested generators, keeps working.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 from .handlers import reraise_exception
 
@@ -22,8 +22,6 @@ __all__ = [
     "PipelineStage",
     "SampleStage",
     "StreamStage",
-    "fuse_sample_stages",
-    "run_sample_stages",
 ]
 
 
@@ -45,10 +43,6 @@ class _Drop:
 
 
 DROP: Any = _Drop()
-
-
-class StopStream(Exception):
-    """Raised by a fused sample function when a handler asked to stop the stream."""
 
 
 class PipelineStage:
@@ -91,39 +85,6 @@ class SampleStage(PipelineStage):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
-
-
-def run_sample_stages(stages: Sequence[SampleStage], sample: Any) -> Any:
-    """Run `sample` through `stages`; return the result or DROP; raise StopStream to stop."""
-    for stage in stages:
-        try:
-            sample = stage.apply(sample)
-        except Exception as exn:
-            if stage.handler(exn):
-                return DROP
-            raise StopStream() from exn
-        if sample is DROP:
-            return DROP
-    return sample
-
-
-def fuse_sample_stages(stages: Sequence[SampleStage]) -> Callable[[Any], Any]:
-    """One function for a run of sample stages (one task per sample on the engine)."""
-    stages = tuple(stages)
-    if len(stages) == 1:
-        stage = stages[0]
-        apply, handler = stage.apply, stage.handler
-
-        def one(sample: Any) -> Any:
-            try:
-                return apply(sample)
-            except Exception as exn:
-                if handler(exn):
-                    return DROP
-                raise StopStream() from exn
-
-        return one
-    return lambda sample: run_sample_stages(stages, sample)
 
 
 class StreamStage(PipelineStage):

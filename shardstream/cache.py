@@ -193,7 +193,3 @@ class FileCache:
                     continue
                 break
             yield dict(url=url, stream=stream, local_path=dest)
-
-    def chunks(self, url: str) -> Iterator[bytes]:
-        """The bytes of `url`, from the cache (an opener for TarShardSamples)."""
-        return iter_chunks(self.get_file(url))

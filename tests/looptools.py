@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from shardstream._fetch import open_stream
 from shardstream._loop import run_coroutine
 
 
@@ -25,3 +26,9 @@ def wait_for(predicate, timeout=3.0):
             return False
         time.sleep(0.01)
     return True
+
+
+def read_stream(url, options, **kwargs):
+    """All the bytes of `url` through a ChunkStream, and that stream's stats."""
+    with open_stream(url, options=options, **kwargs) as stream:
+        return b"".join(stream), stream.stats.snapshot()

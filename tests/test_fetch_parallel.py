@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from looptools import loop_tasks, wait_for
+from looptools import loop_tasks, read_stream, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
@@ -61,8 +61,7 @@ def server(files):
 
 
 def fetch_all(url, options=FAST, **kwargs):
-    with open_stream(url, options=options, **kwargs) as stream:
-        return b"".join(stream), stream.stats.snapshot()
+    return read_stream(url, options, **kwargs)
 
 
 async def _collect(chunks):
