@@ -3,7 +3,19 @@
 `import shardstream as wds` runs code written for webdataset 1.0.2 and for the 0.2.x API.
 """
 
-from . import autodecode, cache, compat, filters, gopen, handlers, mix, pipeline, shardlists, tariterators, utils
+from . import (
+    autodecode,
+    cache,
+    compat,
+    filters,
+    gopen,
+    handlers,
+    mix,
+    pipeline,
+    shardlists,
+    tariterators,
+    utils,
+)
 from ._config import EngineConfig, engine_defaults, set_engine_defaults
 from ._decode import allow_pickle
 from ._errors import (

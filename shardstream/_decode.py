@@ -26,7 +26,13 @@ import numpy as np
 
 from . import _tenbin
 from ._errors import ShardStreamError, UsageError
-from ._imagedecode import IMAGE_EXTENSIONS, ImageHandler, imagehandler, imagespecs, last_extension
+from ._imagedecode import (
+    IMAGE_EXTENSIONS,
+    ImageHandler,
+    imagehandler,
+    imagespecs,
+    last_extension,
+)
 from ._mediadecode import torch_audio, torch_video
 
 __all__ = [

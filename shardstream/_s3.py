@@ -34,12 +34,14 @@ from botocore import UNSIGNED
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectionError as BotoConnectionError,
     ConnectTimeoutError,
     HTTPClientError,
     IncompleteReadError,
     ReadTimeoutError,
     ResponseStreamingError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
 )
 
 from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError

@@ -36,7 +36,17 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Dict,
+    Iterator,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from ._errors import UsageError
 from ._schedule_resume import (

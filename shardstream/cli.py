@@ -11,8 +11,8 @@ from typing import List, Optional
 from ._errors import ShardStreamError, UsageError
 from ._index import scan_shard, write_index, write_sizes
 from ._keys import base_plus_ext
-from ._open import iter_chunks, local_path_of
 from ._members import iter_members
+from ._open import iter_chunks, local_path_of
 from ._urls import expand_urls
 
 __all__ = ["main"]

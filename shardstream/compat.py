@@ -11,14 +11,14 @@ from typing import Any, Callable, Dict, Optional
 import yaml
 
 from . import filters, shardlists, utils
+from ._errors import UsageError
 from ._fetch import FetchOptions
 from ._samples import TarShardSamples
+from ._shardcache import cache_from_options
 from ._split import EqualSplit
 from ._stream_filters import SeededShuffle
 from ._torch import DataLoader
-from ._shardcache import cache_from_options
 from .handlers import reraise_exception
-from ._errors import UsageError
 from .pipeline import WORKER_END, DataPipeline, Tagged
 
 __all__ = ["FluidInterface", "FluidWrapper", "WebDataset", "WebLoader", "check_empty"]

@@ -208,8 +208,9 @@ class LMDBCached(PipelineStage):
     """Cache samples in an LMDB database (needs the `lmdb` package, as in webdataset)."""
 
     def __init__(self, fname, map_size=1e12, pickler=None, chunksize=500):
-        import lmdb  # noqa: F401  - optional dependency, as in webdataset
         import pickle
+
+        import lmdb  # noqa: F401  - optional dependency, as in webdataset
 
         self.db = lmdb.open(fname, readonly=False, map_size=int(map_size))
         self.pickler = pickler or pickle

@@ -10,9 +10,9 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
+from ._split import EqualSplit
 from ._stages import PipelineStage
 from ._stats import PipelineStats
-from ._split import EqualSplit
 from ._torch import IterableDataset, is_dataloader, worker_info
 from .shardlists import SimpleShardList, split_by_node
 

@@ -15,9 +15,9 @@ import braceexpand
 import yaml
 
 from . import utils
-from ._torch import IterableDataset
 from ._listing import expand_listings
 from ._split import WORKER_SPLIT
+from ._torch import IterableDataset
 from ._urls import envsubst, expand_urls
 from .filters import pipelinefilter
 from .utils import is_iterable

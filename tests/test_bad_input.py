@@ -6,9 +6,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from shardsets import sample_members, write_tar
 
 import shardstream as wds
-from shardsets import sample_members, write_tar
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
@@ -23,7 +23,8 @@ def shards(tmp_path):
     corrupt = tmp_path / "corrupt.tar"
     data = bytearray(raw)
     # corrupt the checksum of the third member's header deterministically
-    import tarfile, io
+    import io
+    import tarfile
 
     offsets = [m.offset for m in tarfile.open(fileobj=io.BytesIO(raw))]
     data[offsets[6] + 10] ^= 0x5A

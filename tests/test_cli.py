@@ -8,10 +8,10 @@ import os
 import tarfile
 
 import webdataset
+from shardsets import sample_members, write_tar
 
 from shardstream._index import read_index
 from shardstream.cli import main
-from shardsets import sample_members, write_tar
 
 
 def test_verify_reports_counts_and_failures(shardset, tmp_path, capsys):

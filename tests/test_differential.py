@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 import pytest
 import webdataset
+from compare import assert_same_stream
 
 import shardstream
-from compare import assert_same_stream
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from shardsets import sample_members, write_tar
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ddp_equal.py")

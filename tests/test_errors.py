@@ -6,7 +6,13 @@ import pickle
 
 import pytest
 
-from shardstream import FetchError, FormatError, ShardNotFound, ShardStreamError, UsageError
+from shardstream import (
+    FetchError,
+    FormatError,
+    ShardNotFound,
+    ShardStreamError,
+    UsageError,
+)
 from shardstream._errors import redact_url
 
 

@@ -15,11 +15,22 @@ import warnings
 from dataclasses import dataclass
 
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
-
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
 from motoserver import free_port, moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
+
 from shardstream import _fetch, _s3
-from shardstream._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
+from shardstream._errors import (
+    FetchError,
+    FetchTimeout,
+    NetworkError,
+    ShardNotFound,
+    UsageError,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

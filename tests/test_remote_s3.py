@@ -5,9 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from motoserver import moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
 
 import shardstream as wds
-from motoserver import moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from compare import assert_same_stream
 
 import shardstream as wds
-from compare import assert_same_stream
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 

@@ -16,11 +16,11 @@ import tarfile
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tarvectors import NAMES, SMALL, VECTORS, patch_header, reference_members
 
 import shardstream._tar
 from shardstream._errors import FormatError
 from shardstream._tar import TarMember, TarReader
-from tarvectors import NAMES, SMALL, VECTORS, patch_header, reference_members
 
 URL = "https://example.com/shards/train-000.tar"
 _FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

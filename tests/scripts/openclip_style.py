@@ -10,7 +10,12 @@ import sys
 import webdataset as wds
 from webdataset.filters import _shuffle
 from webdataset.shardlists import expand_urls
-from webdataset.tariterators import base_plus_ext, tar_file_expander, url_opener, valid_sample
+from webdataset.tariterators import (
+    base_plus_ext,
+    tar_file_expander,
+    url_opener,
+    valid_sample,
+)
 
 
 def log_and_continue(exn):
