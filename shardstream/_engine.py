@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from ._channel import END, Channel, Failure, Stopped
 from ._config import EngineConfig
@@ -32,6 +32,18 @@ _STOP: Any = object()  # a handler asked to stop the stream: end it after the it
 _TASK_TARGET_S = 0.001  # aim for pool tasks of about this long (chunking amortises overhead)
 _CHUNK_TARGET_S = 0.0005  # and for queue chunks that take about this long to produce
 _JOIN_TIMEOUT_S = 5.0
+
+
+class _Chunk(list):
+    """A chunk of items with the source `positions` they stand at (when positions are tracked)."""
+
+    __slots__ = ("positions",)
+
+
+def _tracked(items: List[Any], positions: List[Any]) -> _Chunk:
+    chunk = _Chunk(items)
+    chunk.positions = positions
+    return chunk
 
 
 class Segment:
@@ -75,12 +87,21 @@ def _note(exc: BaseException, stage: str) -> None:
 
 def _run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats) -> List[Any]:
     """Run a chunk of samples through fused sample stages (on a pool thread)."""
-    out: List[Any] = []
-    append = out.append
+    positions = getattr(chunk, "positions", None)
+    out: List[Any] = [] if positions is None else _tracked([], [])
+    if positions is not None:
+        kept = out.positions  # type: ignore[attr-defined]
+        appended = out.append
+
+        def append(item: Any) -> None:  # keep each survivor's position beside it
+            kept.append(positions[index] if item is not _STOP else None)
+            appended(item)
+    else:
+        append = out.append
     failures = 0
     start = time.perf_counter()
     try:
-        for sample in chunk:
+        for index, sample in enumerate(chunk):
             for stage in stages:
                 try:
                     sample = stage.apply(sample)
@@ -108,9 +129,16 @@ def _run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats
 class _Run:
     """One pass of a pipeline on the engine: threads, channels, stats; `close()` stops it all."""
 
-    def __init__(self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig) -> None:
+    def __init__(
+        self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig,
+        source: Optional[Any] = None, position: Optional[Sequence[Any]] = None,
+    ) -> None:
         self.config = config
         self.invoke = invoke
+        # Position tracking: `source` is the seekable source stage (TarShardSamples); every item
+        # then travels with the source position it stands at, and `position` resumes the source.
+        self.source = source
+        self.position = position
         self.stop = threading.Event()
         self.started = time.perf_counter()
         self.threads_n = config.resolved_threads()
@@ -160,20 +188,36 @@ class _Run:
             thread.start()
 
     # ---- producer side -------------------------------------------------------------------
-    def _input(self, segment: Segment, upstream: Optional[Channel]) -> Iterator[Any]:
+    def _input(self, segment: Segment, upstream: Optional[Channel]) -> Tuple[Iterator[Any], Optional[Callable[[], Any]]]:
+        """The segment's composed iterator, and (when positions are tracked) a function giving
+        the source position of what it yielded last: for the source's segment the source's own
+        position, downstream the position of the last item pulled from the channel (stages are
+        clean cuts, so that is where their last output stands)."""
         stages = segment.stages
+        where: Optional[Callable[[], Any]] = None
         if upstream is None:
             source = self.invoke(stages[0])
             rest = stages[1:]
+        elif self.source is not None:
+            cell: List[Any] = [None]
+            source = self._items(upstream, cell)
+            where = lambda: cell[0]  # noqa: E731
+            rest = stages
         else:
             source = self._items(upstream)
             rest = stages
         for stage in rest:
-            source = self.invoke(stage, source)
-        return iter(source)
+            if stage is self.source:
+                source = stage.run(source, position=self.position)
+                probe = source
+                where = lambda: probe.position  # noqa: E731
+            else:
+                source = self.invoke(stage, source)
+        return iter(source), where
 
-    def _items(self, channel: Channel) -> Iterator[Any]:
-        """The items in a channel, in order: chunks flattened, futures resolved, STOP honoured."""
+    def _items(self, channel: Channel, cell: Optional[List[Any]] = None) -> Iterator[Any]:
+        """The items in a channel, in order: chunks flattened, futures resolved, STOP honoured;
+        with a `cell`, cell[0] is the position of the item last handed out."""
         while True:
             entry = channel.get()
             if entry is END:
@@ -182,9 +226,12 @@ class _Run:
                 raise entry.exc
             if isinstance(entry, Future):
                 entry = self._result(entry, channel)
-            for item in entry:
+            positions = getattr(entry, "positions", None) if cell is not None else None
+            for index, item in enumerate(entry):
                 if item is _STOP:
                     return
+                if positions is not None:
+                    cell[0] = positions[index]  # type: ignore[index]
                 yield item
 
     def _result(self, future: Future, channel: Channel) -> List[Any]:
@@ -205,11 +252,11 @@ class _Run:
     def _stream_worker(self, segment, upstream, out, parallel, stats, pstats) -> None:
         source = None
         try:
-            source = self._input(segment, upstream)
+            source, where = self._input(segment, upstream)
             if parallel is None:
-                self._pump_items(source, out, stats, upstream)
+                self._pump_items(source, out, stats, upstream, where)
             else:
-                self._pump_tasks(source, out, stats, upstream, parallel.stages, pstats)
+                self._pump_tasks(source, out, stats, upstream, parallel.stages, pstats, where)
             out.put(END)
         except Stopped:
             pass
@@ -227,16 +274,27 @@ class _Run:
                 except Exception:  # closing must not hide the real outcome
                     log.debug("error while closing stage %s", segment.name, exc_info=True)
 
-    def _chunks(self, source: Iterator[Any], stats: StageStats, upstream: Optional[Channel], limit) -> Iterator[List[Any]]:
+    def _chunks(
+        self, source: Iterator[Any], stats: StageStats, upstream: Optional[Channel], limit,
+        where: Optional[Callable[[], Any]] = None,
+    ) -> Iterator[List[Any]]:
         """Lists of up to `limit()` items from source, timing each list's production (the time
-        spent waiting on the upstream channel excluded): one clock read per list, not per item."""
+        spent waiting on the upstream channel excluded): one clock read per list, not per item.
+        With `where`, each list is a _Chunk holding every item's position."""
         clock = time.perf_counter
         qstats = upstream.stats if upstream is not None else None
         nxt = source.__next__
         while True:
             n = limit()
-            chunk: List[Any] = []
-            append = chunk.append
+            chunk: List[Any] = [] if where is None else _tracked([], [])
+            if where is not None:
+                put, mark = chunk.append, chunk.positions.append  # type: ignore[attr-defined]
+
+                def append(item: Any) -> None:
+                    put(item)
+                    mark(where())
+            else:
+                append = chunk.append
             waited = qstats.get_wait_s if qstats is not None else 0.0
             start = clock()
             try:
@@ -258,7 +316,7 @@ class _Run:
             spent -= qstats.get_wait_s - waited
         return max(0.0, spent)
 
-    def _pump_items(self, source, out: Channel, stats: StageStats, upstream) -> None:
+    def _pump_items(self, source, out: Channel, stats: StageStats, upstream, where=None) -> None:
         cap = self.config.max_chunk
 
         def limit() -> int:
@@ -269,10 +327,10 @@ class _Run:
                 return 1
             return max(1, min(cap, int(_CHUNK_TARGET_S / per_item)))
 
-        for chunk in self._chunks(source, stats, upstream, limit):
+        for chunk in self._chunks(source, stats, upstream, limit, where):
             out.put(chunk)
 
-    def _pump_tasks(self, source, out: Channel, stats: StageStats, upstream, stages, pstats: StageStats) -> None:
+    def _pump_tasks(self, source, out: Channel, stats: StageStats, upstream, stages, pstats: StageStats, where=None) -> None:
         submit, cap = self.pool.submit, self.config.max_chunk
         ordered = self.config.ordered
         slots = threading.Semaphore(self.inflight)
@@ -300,7 +358,7 @@ class _Run:
                     raise Stopped()
             submit(_run_task, stages, chunk, pstats).add_done_callback(deliver)
 
-        for chunk in self._chunks(source, stats, upstream, limit):
+        for chunk in self._chunks(source, stats, upstream, limit, where):
             flush(chunk)
         if not ordered:  # every task has called back before END goes in
             for _ in range(self.inflight):
@@ -326,7 +384,8 @@ class _Run:
             self.close()
             raise
         if entry and entry[-1] is _STOP:
-            entry = entry[:-1]
+            positions = getattr(entry, "positions", None)
+            entry = entry[:-1] if positions is None else _tracked(entry[:-1], positions[:-1])
             self.close()
         self.delivered += len(entry)
         if self.config.log_interval is not None:
@@ -385,12 +444,23 @@ def _find_cache(stages: Sequence[Any]) -> Any:
 
 
 class EngineIterator:
-    """The consumer's end of an engine run: an iterator with `stats()` and `close()`."""
+    """The consumer's end of an engine run: an iterator with `stats()` and `close()`; with a
+    seekable `source` stage, `position` is the source position of the item last returned."""
 
-    def __init__(self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig) -> None:
-        self._run = _Run(stages, invoke, config)
+    def __init__(
+        self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig,
+        source: Optional[Any] = None, position: Optional[Sequence[Any]] = None,
+    ) -> None:
+        self._run = _Run(stages, invoke, config, source, position)
         self._chunk: List[Any] = []
         self._index = 0
+
+    @property
+    def position(self) -> Any:
+        positions = getattr(self._chunk, "positions", None)
+        if positions is None or not self._index:
+            return None
+        return positions[self._index - 1]
 
     def __iter__(self) -> "EngineIterator":
         return self

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from ._errors import FetchError, ShardNotFound
 from ._gzip import GZIP_MAGIC
@@ -32,16 +32,21 @@ def iter_members(chunks: Iterable[bytes], url: Optional[str] = None) -> Iterator
 
 
 def chunk_member_batches(
-    chunks: Iterable[bytes], url: str, stats: Optional[SourceStats] = None, start_offset: int = 0
+    chunks: Iterable[bytes], url: str, stats: Optional[SourceStats] = None, start_offset: int = 0,
+    info: Optional[Dict[str, Any]] = None,
 ) -> Iterator[List[TarMember]]:
-    """Lists of members, one per chunk fed (many lists may be empty); chunks begin at start_offset."""
+    """Lists of members, one per chunk fed (many lists may be empty); chunks begin at start_offset.
+    `info["compressed"]` tells whether the shard turned out to be gzip."""
     reader = TarReader(url, start_offset=start_offset)
     feed = reader.feed
     try:
         for chunk in chunks:
             if stats is not None:
                 stats.add(nbytes=len(chunk))
-            yield feed(chunk)
+            members = feed(chunk)
+            if info is not None:
+                info["compressed"] = reader.compressed
+            yield members
         yield reader.close()
     finally:
         close = getattr(chunks, "close", None)
@@ -133,10 +138,14 @@ def member_batches(
     open_chunks: Callable[[str, int], Iterable[bytes]],
     stats: Optional[SourceStats] = None,
     start_offset: int = 0,
+    info: Optional[Dict[str, Any]] = None,
 ) -> Iterator[List[TarMember]]:
     """Lists of members of shard `url` from byte `start_offset` (a header of an uncompressed
-    archive): mapped when it is a local uncompressed file, else fed in chunks."""
+    archive): mapped when it is a local uncompressed file, else fed in chunks. `info`, when
+    given, gets "compressed": whether member offsets can be used to seek in the shard's bytes."""
     tune_malloc()
     if local_path is not None and not _is_gzip(local_path):
+        if info is not None:
+            info["compressed"] = False
         return mapped_member_batches(local_path, url, stats, start_offset)
-    return chunk_member_batches(open_chunks(url, start_offset), url, stats, start_offset)
+    return chunk_member_batches(open_chunks(url, start_offset), url, stats, start_offset, info)

@@ -7,7 +7,7 @@ generators). `TarShardSamples` is the pipeline stage that opens each URL and run
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
 from ._errors import FormatError, ShardStreamError, UsageError
@@ -22,7 +22,7 @@ from ._stats import SourceStats
 from ._tar import TarMember
 from .handlers import reraise_exception
 
-__all__ = ["TarShardSamples", "shard_range", "shard_samples", "source_url"]
+__all__ = ["PositionedSamples", "ShardCursor", "TarShardSamples", "shard_range", "shard_samples", "source_url"]
 
 Handler = Callable[[BaseException], bool]
 
@@ -37,10 +37,12 @@ def shard_samples(
     handler: Handler = reraise_exception,
     skip: int = 0,
     limit: Optional[int] = None,
+    cursor: Optional["ShardCursor"] = None,
 ) -> Iterator[Dict[str, Any]]:
     """Yield the samples of one shard, given its members in batches (see `_members`).
 
-    `skip` samples are dropped first and at most `limit` are yielded (a shard range).
+    `skip` samples are dropped first and at most `limit` are yielded (a shard range). A `cursor`
+    is advanced before each yield: samples read, and the byte offset where the next one starts.
 
     Consecutive members with the same key form a sample; samples never span shards. A format or
     fetch error propagates (the caller's handler decides about the shard); the sample being
@@ -75,6 +77,8 @@ def shard_samples(
                         if skip:
                             skip -= 1
                         else:
+                            if cursor is not None:
+                                cursor.advance(offset, limit == 1)
                             yield current
                             if limit is not None:
                                 limit -= 1
@@ -94,7 +98,67 @@ def shard_samples(
                 current = None
                 return
     if current is not None and not skip and (limit is None or limit > 0):
+        if cursor is not None:
+            cursor.advance(None, True)
         yield current
+
+
+class ShardCursor:
+    """Where a pass over a shard stream stands, sample by sample (for exact, seeking resume).
+
+    `position` is (item, sample, offset): `item` shard-list items have been passed, `sample`
+    samples of the next one read (counted from the item's own `start`), and `offset` is the byte
+    offset in that shard's uncompressed tar where the next sample begins (None: unknown, e.g. a
+    gzip shard; resuming then skips samples from the shard's start or its `.idx`).
+    """
+
+    __slots__ = ("item", "sample", "offset", "done", "info")
+
+    def __init__(self) -> None:
+        self.item = 0
+        self.sample = 0
+        self.offset: Optional[int] = None
+        self.done = False
+        self.info: Dict[str, Any] = {}
+
+    def start(self, item: int, sample: int = 0) -> None:
+        self.item, self.sample, self.offset, self.done = item, sample, None, False
+        self.info = {}
+
+    def advance(self, offset: Optional[int], last: bool) -> None:
+        self.sample += 1
+        self.offset = offset
+        self.done = last
+
+    @property
+    def position(self) -> Tuple[int, int, Optional[int]]:
+        if self.done:
+            return (self.item + 1, 0, None)
+        offset = self.offset if self.info.get("compressed") is False else None
+        return (self.item, self.sample, offset)
+
+
+class PositionedSamples:
+    """The samples of a `TarShardSamples` pass, with the `position` of the last one yielded."""
+
+    __slots__ = ("_it", "_cursor")
+
+    def __init__(self, it: Iterator[Dict[str, Any]], cursor: ShardCursor) -> None:
+        self._it = it
+        self._cursor = cursor
+
+    def __iter__(self) -> "PositionedSamples":
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        return next(self._it)
+
+    @property
+    def position(self) -> Tuple[int, int, Optional[int]]:
+        return self._cursor.position
+
+    def close(self) -> None:
+        self._it.close()  # type: ignore[attr-defined]
 
 
 _NO_ITEM = object()
@@ -206,7 +270,9 @@ class TarShardSamples(PipelineStage):
             return None
         return open_stream(url, options=self.fetch_options)
 
-    def batches(self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None) -> Iterator[List[TarMember]]:
+    def batches(
+        self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None, info: Optional[Dict[str, Any]] = None
+    ) -> Iterator[List[TarMember]]:
         """The shard's members in batches; local files and disk-cache hits are memory-mapped
         (unless an opener is set), everything else is streamed."""
         mappable = None
@@ -218,17 +284,21 @@ class TarShardSamples(PipelineStage):
                 if mappable is not None:  # a compressed hit is streamed from the cached file
                     cached = mappable
                     open_chunks = lambda u, s: iter_chunks(cached, start=s)  # noqa: E731
-        return member_batches(url, mappable, open_chunks, self.source_stats, start_offset)
+        return member_batches(url, mappable, open_chunks, self.source_stats, start_offset, info)
 
     def _shard(
         self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,
-        ready: Optional[ChunkStream] = None,
+        ready: Optional[ChunkStream] = None, cursor: Optional[ShardCursor] = None, offset: Optional[int] = None,
     ) -> Iterator[Dict[str, Any]]:
-        """The samples [start, stop) of one shard; an `.idx` beside a local shard lets it seek."""
-        offset, skip = 0, start
-        if start:
-            offset, skip = index_position(url, start)
-        batches = self.batches(url, offset, ready if not offset else None)
+        """The samples [start, stop) of one shard. To start mid-shard it seeks to `offset` (the
+        byte offset of sample `start`, from a resume position) or to the offset in an `.idx`
+        beside a local shard; else it reads from the shard's start and skips."""
+        skip = 0
+        if offset is None:
+            offset, skip = index_position(url, start) if start else (0, 0)
+        if stop is not None and stop <= start:
+            return
+        batches = self.batches(url, offset, ready if not offset else None, cursor.info if cursor is not None else None)
         samples = shard_samples(
             batches,
             url,
@@ -238,6 +308,7 @@ class TarShardSamples(PipelineStage):
             handler=self.handler,
             skip=skip,
             limit=None if stop is None else stop - start,
+            cursor=cursor,
         )
         try:
             yield from samples
@@ -252,9 +323,23 @@ class TarShardSamples(PipelineStage):
         self.source_stats.add(errors=1)
         return bool(self.handler(exn))
 
-    def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+    seekable_source = True  # the engine can track `position` and resume a pass from one
+
+    def run(self, src: Iterable[Any], position: Optional[Sequence[Any]] = None) -> PositionedSamples:
+        """The samples of the shards in `src`. `position` (a `PositionedSamples.position` of an
+        earlier pass over the same shard stream) resumes right after that sample: the items
+        before it are not opened, and its shard is entered at the saved byte offset."""
+        cursor = ShardCursor()
+        return PositionedSamples(self._run(src, cursor, tuple(position) if position else (0, 0, None)), cursor)
+
+    def _run(self, src: Iterable[Any], cursor: ShardCursor, position: Tuple[Any, ...]) -> Iterator[Dict[str, Any]]:
         items = iter(src)
-        ahead: Deque[Tuple[Any, Optional[ChunkStream]]] = deque()
+        resume_item, resume_sample, resume_offset = (int(position[0]), int(position[1]), position[2])
+        for _ in range(resume_item):  # shard-list items finished before the resume point
+            if next(items, _NO_ITEM) is _NO_ITEM:
+                return
+        numbered = enumerate(items, resume_item)
+        ahead: Deque[Tuple[int, Any, Optional[ChunkStream]]] = deque()
 
         budget = self.shards_in_flight * (self.fetch_options or FetchOptions()).prefetch_bytes
         exhausted = False
@@ -265,30 +350,36 @@ class TarShardSamples(PipelineStage):
             # shards queued ahead.
             nonlocal exhausted
             while not exhausted and len(ahead) < 4 * self.shards_in_flight:
-                streams = [ready for _item, ready in ahead if ready is not None]
+                streams = [ready for _index, _item, ready in ahead if ready is not None]
                 busy = sum(1 for ready in streams if _pulling(ready))
                 if ahead and (busy >= self.shards_in_flight or sum(r.buffered_bytes for r in streams) >= budget):
                     return
                 if len(ahead) >= self.shards_in_flight and not streams:
                     return  # local shards: nothing to fetch ahead
-                item = next(items, _NO_ITEM)
+                index, item = next(numbered, (0, _NO_ITEM))
                 if item is _NO_ITEM:
                     exhausted = True
                     return
                 url, _ = source_url(item, False)
-                ahead.append((item, self._open_ahead(url, shard_range(item)[0])))
+                resumed = index == resume_item and resume_sample
+                ahead.append((index, item, None if resumed else self._open_ahead(url, shard_range(item)[0])))
 
         try:
             while True:
                 fill()
                 if not ahead:
                     return
-                item, ready = ahead.popleft()
+                index, item, ready = ahead.popleft()
                 url, local_path = source_url(item, self.local_paths)
                 start, stop = shard_range(item)
+                offset = None
+                if index == resume_item and resume_sample:
+                    start += resume_sample
+                    offset = resume_offset
+                cursor.start(index, start - shard_range(item)[0])
                 count = 0
                 try:
-                    for sample in self._shard(url, local_path, start, stop, ready):
+                    for sample in self._shard(url, local_path, start, stop, ready, cursor, offset):
                         count += 1
                         if not count & 31 and ahead:
                             fill()
@@ -302,7 +393,7 @@ class TarShardSamples(PipelineStage):
                     if ready is not None:
                         ready.close()
         finally:
-            for _item, ready in ahead:
+            for _index, _item, ready in ahead:
                 if ready is not None:
                     ready.close()
 

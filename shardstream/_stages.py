@@ -13,6 +13,7 @@ which composes stages as nested generators, keeps working.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterable, Iterator
 
 from .handlers import reraise_exception
@@ -22,6 +23,8 @@ __all__ = [
     "PipelineStage",
     "SampleStage",
     "StreamStage",
+    "clean_cut",
+    "resume_clean",
 ]
 
 
@@ -45,6 +48,21 @@ class _Drop:
 DROP: Any = _Drop()
 
 
+def clean_cut(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a generator stage as a *clean cut* for resume positions: whenever it yields, every
+    input it has pulled so far has been passed on (in this or an earlier output) or dropped for
+    good. Maps, filters and batching qualify; a shuffle buffer or an unbatcher does not."""
+    f.resume_clean = True  # type: ignore[attr-defined]
+    return f
+
+
+def resume_clean(stage: Any) -> bool:
+    """Whether a pipeline stage is a clean cut (see `clean_cut`); unknown stages are not."""
+    if isinstance(stage, StreamStage):
+        stage = stage.f
+    return stage is itertools.islice or bool(getattr(stage, "resume_clean", False))
+
+
 class PipelineStage:
     """webdataset's base class for stages that are run as `stage.run(source)`."""
 
@@ -63,6 +81,7 @@ class SampleStage(PipelineStage):
     """
 
     name = "sample"
+    resume_clean = True  # one sample in, at most one out
     handler: Callable[[BaseException], bool] = staticmethod(reraise_exception)
 
     def apply(self, sample: Any) -> Any:  # pragma: no cover - subclasses override

@@ -18,7 +18,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from ._ranks import pytorch_worker_info
-from ._stages import PipelineStage
+from ._stages import PipelineStage, clean_cut
 from ._torch import is_tensor
 
 __all__ = [
@@ -158,16 +158,18 @@ def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
     return result
 
 
+@clean_cut
 def _batched(data, batchsize=20, collation_fn=default_collation_fn, partial=True):
+    # A full batch goes out at once (webdataset waits for the next sample first): the same
+    # batches, sooner, and a batch never holds back a sample it does not contain, which makes
+    # the stage a clean cut for resume positions.
     batch: List[Any] = []
     for sample in data:
+        batch.append(sample)
         if len(batch) >= batchsize:
             yield collation_fn(batch) if collation_fn is not None else batch
             batch = []
-        batch.append(sample)
-    if len(batch) == 0:
-        return
-    if len(batch) == batchsize or partial:
+    if batch and partial:
         yield collation_fn(batch) if collation_fn is not None else batch
 
 
@@ -199,6 +201,7 @@ def _rsample(data, p=0.5):
             yield sample
 
 
+@clean_cut
 def _info(data, fmt=None, n=3, every=-1, width=50, stream=sys.stderr, name=""):
     for i, sample in enumerate(data):
         if i < n or (every > 0 and (i + 1) % every == 0):
@@ -211,6 +214,7 @@ def _info(data, fmt=None, n=3, every=-1, width=50, stream=sys.stderr, name=""):
         yield sample
 
 
+@clean_cut
 def _log_keys(data, logfile=None):
     if logfile is None or logfile == "":
         yield from data
@@ -258,6 +262,7 @@ def find_decoder(decoders, path):
     return None
 
 
+@clean_cut
 def _xdecode(source, *args, must_decode=True, defaults=default_decoders, **kw):
     decoders = list(defaults) + list(args)
     decoders += [("*." + k, v) for k, v in kw.items()]

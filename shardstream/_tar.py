@@ -97,6 +97,11 @@ class TarReader:
         return self._base + self._pos
 
     @property
+    def compressed(self) -> Optional[bool]:
+        """Whether the input is gzip (None until its first bytes are seen)."""
+        return self._compressed
+
+    @property
     def finished(self) -> bool:
         """True once the end-of-archive zero block was seen; later input is ignored."""
         return self._finished

@@ -16,6 +16,7 @@ from ._fetch import FetchOptions
 from ._samples import TarShardSamples
 from ._shardcache import cache_from_options
 from ._split import EqualSplit
+from ._stages import clean_cut
 from ._stream_filters import SeededShuffle
 from ._torch import DataLoader
 from .handlers import reraise_exception
@@ -105,6 +106,10 @@ def check_empty(source):
             "No samples found in dataset; perhaps you have fewer shards than workers.\n"
             "Turn off using empty_check=False in the WebDataset constructor."
         )
+
+
+clean_cut(check_empty)
+check_empty.skip_on_resume = True  # a pass resumed near its end may rightly have nothing left
 
 
 class WebDataset(DataPipeline, FluidInterface):
@@ -247,7 +252,9 @@ class WebLoader(DataPipeline, FluidInterface):
                 kw["dataset"] = dataset
         self._dataset = dataset
         self._consumed: Dict[int, int] = {}
+        self._positions: Dict[int, Any] = {}
         self._resume_counts: Optional[Dict[int, int]] = None
+        self._resume_positions: Dict[int, Any] = {}
         super().__init__(DataLoader(*args, **kw), self._untag)
 
     def _untag(self, src):
@@ -258,7 +265,10 @@ class WebLoader(DataPipeline, FluidInterface):
         consumed.clear()
         consumed.update({w: 0 for w in range(workers)})
         consumed.update(self._resume_counts or {})
-        self._resume_counts = None
+        positions = self._positions
+        positions.clear()
+        positions.update(self._resume_positions)
+        self._resume_counts, self._resume_positions = None, {}
         pending: Dict[int, Dict[int, Any]] = {w: {} for w in range(workers)}
         ended: Dict[int, int] = {}
 
@@ -268,11 +278,12 @@ class WebLoader(DataPipeline, FluidInterface):
                 if not live:
                     return
                 worker = min(live, key=lambda w: (consumed[w], w))
-                item = pending[worker].pop(consumed[worker] + 1, _MISSING)
-                if item is _MISSING:
+                entry = pending[worker].pop(consumed[worker] + 1, _MISSING)
+                if entry is _MISSING:
                     return
                 consumed[worker] += 1
-                yield item
+                positions[worker] = entry.position
+                yield entry.item
 
         for item in src:
             if not isinstance(item, Tagged):
@@ -281,11 +292,11 @@ class WebLoader(DataPipeline, FluidInterface):
             if item.item is WORKER_END:
                 ended[item.worker] = item.count
             else:
-                pending[item.worker][item.count] = item.item
+                pending[item.worker][item.count] = item
             yield from ready()
 
-    def iterator1(self):
-        it = super().iterator1()
+    def iterator1(self, position=None, track=False):
+        it = super().iterator1(position, track)
         if isinstance(self._dataset, DataPipeline):
             self._dataset._resume = None  # the workers have their copy of the resume point
         return it
@@ -299,10 +310,15 @@ class WebLoader(DataPipeline, FluidInterface):
     def state_dict(self) -> Dict[str, Any]:
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
-        return {"epoch": self._dataset.epoch, "per_worker": {str(k): v for k, v in self._consumed.items()}}
+        return {
+            "epoch": self._dataset.epoch,
+            "per_worker": {str(k): v for k, v in self._consumed.items()},
+            "positions": {str(k): v for k, v in self._positions.items() if v is not None},
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
         self._dataset.load_state_dict(state)
         self._resume_counts = {int(k): v for k, v in state.get("per_worker", {}).items()}
+        self._resume_positions = {int(k): v for k, v in (state.get("positions") or {}).items()}

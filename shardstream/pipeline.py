@@ -6,17 +6,18 @@ import copy
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
 from ._split import EqualSplit
-from ._stages import PipelineStage
+from ._errors import UsageError
+from ._stages import PipelineStage, SampleStage, resume_clean
 from ._stats import PipelineStats
 from ._torch import IterableDataset, is_dataloader, worker_info
 from .shardlists import SimpleShardList, split_by_node
 
-__all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method"]
+__all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method", "seek_source"]
 
 
 def add_length_method(obj):
@@ -43,15 +44,58 @@ def _worker_end() -> Any:
 
 
 class Tagged:
-    """An item from a DataLoader worker with where it came from (unwrapped by WebLoader)."""
+    """An item from a DataLoader worker with where it came from (unwrapped by WebLoader): the
+    worker, its count of items delivered, and its resume position (None: not seekable)."""
 
-    __slots__ = ("item", "worker", "count")
+    __slots__ = ("item", "worker", "count", "position")
 
-    def __init__(self, item: Any, worker: int, count: int) -> None:
-        self.item, self.worker, self.count = item, worker, count
+    def __init__(self, item: Any, worker: int, count: int, position: Any = None) -> None:
+        self.item, self.worker, self.count, self.position = item, worker, count, position
 
     def __reduce__(self):
-        return (Tagged, (self.item, self.worker, self.count))
+        return (Tagged, (self.item, self.worker, self.count, self.position))
+
+
+class _InlinePositions:
+    """Generators composed in the caller's thread: the position of the last output is the
+    source's position at the moment it came out (every stage after the source is a clean cut)."""
+
+    __slots__ = ("_it", "_probe", "position")
+
+    def __init__(self, it: Iterator[Any], probe: Any) -> None:
+        self._it, self._probe, self.position = iter(it), probe, None
+
+    def __iter__(self) -> "_InlinePositions":
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._it)
+        self.position = self._probe.position
+        return item
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+def seek_source(stages: List[Any], ordered: bool = True) -> Any:
+    """The stage a pass of this pipeline can be resumed at by position, or None.
+
+    That is a source stage with `seekable_source` (TarShardSamples) after which every stage is a
+    clean cut (`resume_clean`: maps, filters, batching, ...) and no sample stage before it (it
+    runs in the first thread), delivering in order. The shard-list stages before it must give
+    the same items on every run of the epoch (seeded shuffles, the equal-work splitter).
+    """
+    if not ordered:
+        return None
+    for i, stage in enumerate(stages):
+        if getattr(stage, "seekable_source", False):
+            before, after = stages[:i], stages[i + 1:]
+            if i == 0 or any(isinstance(s, SampleStage) for s in before):
+                return None
+            return stage if all(resume_clean(s) for s in after) else None
+    return None
 
 
 class PipelineIterator:
@@ -61,7 +105,8 @@ class PipelineIterator:
     """
 
     def __init__(
-        self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int], skip: int = 0, tag: Optional[int] = None
+        self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int], skip: int = 0, tag: Optional[int] = None,
+        seek: Optional[Sequence[Any]] = None, track: bool = False,
     ) -> None:
         self._pipeline = pipeline
         self._skip = skip  # items of a resumed epoch already delivered before the checkpoint
@@ -73,14 +118,27 @@ class PipelineIterator:
         self._delivered = 0
         self._current: Optional[Iterator[Any]] = None
         self._last_stats: Optional[PipelineStats] = None
+        self._track = track or seek is not None  # keep the resume position of each item
+        self._position: Optional[List[Any]] = None
+        self._seek: Optional[Sequence[Any]] = None
+        if seek is not None:  # resume by position: [pass, *source position]
+            self._passes, self._seek = int(seek[0]), seek[1:]
+            self._delivered = skip
+            self._skip = 0
 
     def __iter__(self) -> "PipelineIterator":
         return self
 
     @property
     def delivered(self) -> int:
-        """Items delivered so far, including those skipped on resume."""
+        """Items delivered so far, including those before the checkpoint on resume."""
         return self._delivered
+
+    @property
+    def position(self) -> Optional[List[Any]]:
+        """Where the last delivered item stands, as [pass, shard item, sample, byte offset]
+        (None when the pipeline cannot be resumed by position)."""
+        return self._position
 
     def __next__(self) -> Any:
         while self._skip:  # resuming: replay the epoch deterministically up to the checkpoint
@@ -96,7 +154,7 @@ class PipelineIterator:
             # Tell WebLoader this worker is done, so it never waits for more from it.
             tag, self._tag = self._tag, -1
             return Tagged(WORKER_END, tag, self._delivered + 1)
-        return Tagged(item, self._tag, self._delivered)
+        return Tagged(item, self._tag, self._delivered, self._position)
 
     def _next_item(self) -> Any:
         while True:
@@ -106,8 +164,9 @@ class PipelineIterator:
             if self._current is None:
                 if self._passes >= self._repetitions:
                     raise StopIteration
-                self._current = self._pipeline.iterator1()
-                self._count = 0
+                seek, self._seek = self._seek, None
+                self._current = self._pipeline.iterator1(position=seek, track=self._track)
+                self._count = 0 if seek is None else 1  # a resumed pass may have nothing left
             try:
                 item = next(self._current)
             except StopIteration:
@@ -119,6 +178,9 @@ class PipelineIterator:
                 continue
             self._count += 1
             self._delivered += 1
+            if self._track:
+                where = getattr(self._current, "position", None)
+                self._position = None if where is None else [self._passes, *where]
             return item
 
     def _end_pass(self) -> None:
@@ -196,16 +258,23 @@ class DataPipeline(IterableDataset, PipelineStage):
                 stage.set_epoch(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the most recent iterator is: {"epoch", "delivered"} (items handed out)."""
+        """Where the most recent iterator is: {"epoch", "delivered", "position"}: items handed
+        out, and the resume position of the last one (None where the pipeline has no seekable
+        source followed by clean cuts only; see `seek_source`)."""
         it = self._last_iterator() if self._last_iterator is not None else None
         delivered = it.delivered if it is not None else 0
-        return {"epoch": self.epoch, "delivered": delivered}
+        position = it.position if it is not None else None
+        return {"epoch": self.epoch, "delivered": delivered, "position": position}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next iteration continues the checkpointed epoch after its delivered items.
 
-        Exact for deterministic pipelines (seeded shuffles, the equal-work splitter): the epoch
-        is replayed and the items delivered before the checkpoint are skipped."""
+        Exact for deterministic pipelines (seeded shuffles, the equal-work splitter). With a
+        position (pipelines whose stages after the shard reader are maps, filters and batching),
+        it seeks: shards finished before the checkpoint are not opened, and the shard it stopped
+        in is entered at the byte offset of the next sample (local file, disk-cache hit or HTTP/S3
+        Range request; a gzip shard is read from its start or its `.idx`). Otherwise the epoch is
+        replayed and the items delivered before the checkpoint are skipped."""
         if state.get("epoch") is not None:
             self.set_epoch(state["epoch"])
         self._resume = dict(state)
@@ -243,15 +312,27 @@ class DataPipeline(IterableDataset, PipelineStage):
         # while other threads hold locks is unsafe) and let its workers do the parallel work.
         return not is_dataloader(self.pipeline[0])
 
-    def iterator1(self) -> Iterator[Any]:
-        """One pass through the pipeline."""
+    def iterator1(self, position: Optional[Sequence[Any]] = None, track: bool = False) -> Iterator[Any]:
+        """One pass through the pipeline; with `track`, the iterator has the resume `position`
+        of its last item (when the pipeline is seekable), and `position` resumes at one."""
         config = self.resolved_engine_config()
-        if self._use_engine(config):
-            return EngineIterator(self.pipeline, self.invoke, config)
-        source = self.invoke(self.pipeline[0])
-        for step in self.pipeline[1:]:
-            source = self.invoke(step, source)
-        return source
+        engine = self._use_engine(config)
+        source = seek_source(self.pipeline, config.ordered or not engine) if (track or position) else None
+        if position is not None and source is None:
+            raise UsageError("this pipeline cannot resume at a position (see DataPipeline.load_state_dict)")
+        stages = self.pipeline
+        if position is not None:  # e.g. check_empty: the rest of a resumed pass may be empty
+            stages = [s for s in stages if not getattr(s, "skip_on_resume", False)]
+        if engine:
+            return EngineIterator(stages, self.invoke, config, source, position)
+        it = self.invoke(stages[0])
+        probe = None
+        for step in stages[1:]:
+            if step is source:
+                it = probe = step.run(it, position=position)
+            else:
+                it = self.invoke(step, it)
+        return it if probe is None else _InlinePositions(it, probe)
 
     def iterator(self) -> Iterator[Any]:
         """`repetitions` passes; stops early when a pass yields nothing."""
@@ -260,14 +341,33 @@ class DataPipeline(IterableDataset, PipelineStage):
     def __iter__(self) -> Iterator[Any]:
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
         worker, _workers = worker_info()
-        skip = 0
+        skip, seek = 0, None
         if self._resume is not None:
-            per_worker = self._resume.get("per_worker")
-            skip = per_worker.get(str(worker), 0) if per_worker is not None else self._resume.get("delivered", 0)
+            skip, seek = self._resume_point(self._resume, worker)
             self._resume = None
-        it = PipelineIterator(self, self.repetitions, limit, skip=skip, tag=worker if self._tag_outputs else None)
+        track = self.seekable()
+        it = PipelineIterator(
+            self, self.repetitions, limit, skip=skip, tag=worker if self._tag_outputs else None,
+            seek=seek if track else None, track=track,
+        )
         self._last_iterator = weakref.ref(it)
         return it
+
+    @staticmethod
+    def _resume_point(state: Dict[str, Any], worker: int) -> Tuple[int, Optional[List[Any]]]:
+        """(items delivered, position) of this worker in a saved state (WebLoader keeps one per
+        DataLoader worker; a DataPipeline state has one)."""
+        per_worker = state.get("per_worker")
+        if per_worker is None:
+            return state.get("delivered", 0), state.get("position")
+        positions = state.get("positions") or {}
+        return per_worker.get(str(worker), 0), positions.get(str(worker))
+
+    def seekable(self) -> bool:
+        """Whether a pass can be resumed by position rather than replayed (see `seek_source`)."""
+        config = self.resolved_engine_config()
+        ordered = config.ordered or not self._use_engine(config)
+        return seek_source(self.pipeline, ordered) is not None
 
     def stats(self) -> Optional[PipelineStats]:
         """Stats of this pipeline's most recent finished engine pass (None if none yet)."""

@@ -4,18 +4,22 @@ in the same order, for each pipeline shape."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 from compare import assert_same_stream
+from shardserver import ShardServer
+from shardsets import sample_members, write_tar
 
 import shardstream as wds
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
 
-def check_resume(build, checkpoints=(0, 1, 7, 30)):
-    """build() -> a fresh dataset or WebLoader; checkpoint after k items and resume in a fresh one."""
+def check_resume(build, checkpoints=(0, 1, 7, 30), seeks=None):
+    """build() -> a fresh dataset or WebLoader; checkpoint after k items and resume in a fresh one.
+    seeks: True/False asserts that the state does / does not hold resume positions."""
     full = list(build())
     checkpoints = sorted({min(k, len(full) - 1) for k in checkpoints})  # the last one: mid-final-item
     assert len(full) > 1
@@ -24,6 +28,10 @@ def check_resume(build, checkpoints=(0, 1, 7, 30)):
         it = iter(first_ds)
         first = [next(it) for _ in range(k)]
         state = first_ds.state_dict()
+        if seeks is not None and k:
+            positions = list(state["positions"].values()) if "positions" in state else [state["position"]]
+            present = [p for p in positions if p is not None]
+            assert bool(present) == seeks and len(present) in (0, len(positions)), state
         del it
         resumed = build()
         resumed.load_state_dict(state)
@@ -55,18 +63,102 @@ STAGES = {
 }
 
 
+# Resumed by position (seek), not by replaying the epoch: a shard reader followed by clean cuts.
+SEEKABLE = {"source", "decode_map", "shard_shuffle", "detshuffle", "partial_batches", "equal_split_rank1"}
+
+
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_resume_direct(shardset, name, monkeypatch):
     if name == "equal_split_rank1":
         monkeypatch.setenv("RANK", "1")
         monkeypatch.setenv("WORLD_SIZE", "2")
-    check_resume(lambda: STAGES[name](shardset), checkpoints=(0, 1, 5, 12))
+    seeks = name in SEEKABLE if name in SEEKABLE | {"seeded_sample_shuffle", "unbatched"} else None
+    check_resume(lambda: STAGES[name](shardset), checkpoints=(0, 1, 5, 12), seeks=seeks)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("name", ["source", "seeded_sample_shuffle", "partial_batches"])
 def test_resume_webloader(shardset, name, workers):
-    check_resume(lambda: wds.WebLoader(STAGES[name](shardset), batch_size=None, num_workers=workers), checkpoints=(0, 3, 11))
+    check_resume(
+        lambda: wds.WebLoader(STAGES[name](shardset), batch_size=None, num_workers=workers),
+        checkpoints=(0, 3, 11), seeks=name in SEEKABLE,
+    )
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_resume_with_epoch_by_position(shardset, engine):
+    def build():
+        ds = keyed(wds.WebDataset(shardset, shardshuffle=False)).batched(4).with_epoch(40)
+        return ds if engine else ds.with_engine(enabled=False)
+
+    check_resume(build, checkpoints=(0, 9, 20, 33), seeks=True)
+
+
+@pytest.fixture(scope="module")
+def big_shards(tmp_path_factory):
+    """Three shards of 60 samples with 4 KB payloads (seeking must skip most of the bytes)."""
+    root = tmp_path_factory.mktemp("big")
+    payload = os.urandom(4096)
+    return root, [
+        write_tar(str(root / f"big-{n}.tar"), [
+            m for i in range(60 * n, 60 * n + 60) for m in [*sample_members(i, exts=("cls",)), (f"s{i:04d}.bin", payload)]
+        ])
+        for n in range(3)
+    ]
+
+
+def _source_bytes(ds):
+    return ds.stats().source["bytes"]
+
+
+def test_seeking_resume_reads_only_what_is_left(big_shards):
+    """Checkpoint in the middle of the last shard: the resumed pass does not open the shards
+    before it and enters the last one at the next sample's byte offset (no .idx needed)."""
+    _root, shards = big_shards
+
+    def build():
+        return wds.WebDataset(shards, shardshuffle=False).to_tuple("__key__", "cls").batched(10)
+
+    whole = build()
+    full = list(whole)
+    total = _source_bytes(whole)
+    first_ds = build()
+    it = iter(first_ds)
+    first = [next(it) for _ in range(14)]  # 140 samples: 20 into the last shard
+    state = first_ds.state_dict()
+    assert state["position"][1:3] == [2, 20]
+    resumed = build()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert_same_stream(full, first + rest)
+    assert _source_bytes(resumed) < total / 3 * (40 / 60) + 8192
+
+
+def test_seeking_resume_over_http_uses_a_range_request(big_shards):
+    root, shards = big_shards
+    with ShardServer(root) as server:
+        urls = [server.url(os.path.basename(p)) for p in shards]
+
+        def build():
+            return wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls")
+
+        full = list(build())
+        full_bytes = server.stats.snapshot().bytes_sent
+        first_ds = build()
+        it = iter(first_ds)
+        first = [next(it) for _ in range(150)]
+        state = first_ds.state_dict()
+        del it
+        first_ds = None
+        server.stats.reset()
+        resumed = build()
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert_same_stream(full, first + rest)
+        after = server.stats.snapshot()
+        assert after.range_requests >= 1
+        assert after.path_requests == {"big-2.tar": 1}  # the finished shards are not fetched again
+        assert after.bytes_sent < full_bytes / 3 * (30 / 60) + 8192
 
 
 def test_webloader_state_is_plain_data(shardset):
