@@ -11,6 +11,7 @@ finish. Channels are bounded, so memory does not grow with shard or dataset size
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -208,9 +209,9 @@ class _Run:
             rest = stages
         for stage in rest:
             if stage is self.source:
-                source = stage.run(source, position=self.position)
-                probe = source
-                where = lambda: probe.position  # noqa: E731
+                cursor = stage.cursor()  # opaque here: the stage's own record of where it is
+                source = stage.run(source, position=self.position, cursor=cursor)
+                where = functools.partial(getattr, cursor, "position")
             else:
                 source = self.invoke(stage, source)
         return iter(source), where
@@ -287,20 +288,20 @@ class _Run:
         while True:
             n = limit()
             chunk: List[Any] = [] if where is None else _tracked([], [])
-            if where is not None:
-                put, mark = chunk.append, chunk.positions.append  # type: ignore[attr-defined]
-
-                def append(item: Any) -> None:
-                    put(item)
-                    mark(where())
-            else:
-                append = chunk.append
+            append = chunk.append
             waited = qstats.get_wait_s if qstats is not None else 0.0
             start = clock()
             try:
-                while n:
-                    append(nxt())
-                    n -= 1
+                if where is None:
+                    while n:
+                        append(nxt())
+                        n -= 1
+                else:
+                    mark = chunk.positions.append  # type: ignore[attr-defined]
+                    while n:
+                        append(nxt())
+                        mark(where())
+                        n -= 1
             except StopIteration:
                 if chunk:
                     stats.record(self._spent(start, qstats, waited), len(chunk))

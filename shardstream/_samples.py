@@ -22,7 +22,7 @@ from ._stats import SourceStats
 from ._tar import TarMember
 from .handlers import reraise_exception
 
-__all__ = ["PositionedSamples", "ShardCursor", "TarShardSamples", "shard_range", "shard_samples", "source_url"]
+__all__ = ["ShardCursor", "TarShardSamples", "shard_range", "shard_samples", "source_url"]
 
 Handler = Callable[[BaseException], bool]
 
@@ -106,59 +106,30 @@ def shard_samples(
 class ShardCursor:
     """Where a pass over a shard stream stands, sample by sample (for exact, seeking resume).
 
-    `position` is (item, sample, offset): `item` shard-list items have been passed, `sample`
-    samples of the next one read (counted from the item's own `start`), and `offset` is the byte
-    offset in that shard's uncompressed tar where the next sample begins (None: unknown, e.g. a
-    gzip shard; resuming then skips samples from the shard's start or its `.idx`).
+    `position` is (item, sample, offset) after the last sample yielded: `item` shard-list items
+    have been passed, `sample` samples of the next one read (counted from the item's own
+    `start`), and `offset` is the byte offset in that shard's uncompressed tar where the next
+    sample begins (None: unknown, e.g. a gzip shard; resuming then skips samples from the
+    shard's start or its `.idx`).
     """
 
-    __slots__ = ("item", "sample", "offset", "done", "info")
+    __slots__ = ("item", "sample", "position", "info")
 
     def __init__(self) -> None:
         self.item = 0
         self.sample = 0
-        self.offset: Optional[int] = None
-        self.done = False
+        self.position: Tuple[int, int, Optional[int]] = (0, 0, None)
         self.info: Dict[str, Any] = {}
 
     def start(self, item: int, sample: int = 0) -> None:
-        self.item, self.sample, self.offset, self.done = item, sample, None, False
-        self.info = {}
+        self.item, self.sample, self.info = item, sample, {}
 
     def advance(self, offset: Optional[int], last: bool) -> None:
         self.sample += 1
-        self.offset = offset
-        self.done = last
-
-    @property
-    def position(self) -> Tuple[int, int, Optional[int]]:
-        if self.done:
-            return (self.item + 1, 0, None)
-        offset = self.offset if self.info.get("compressed") is False else None
-        return (self.item, self.sample, offset)
-
-
-class PositionedSamples:
-    """The samples of a `TarShardSamples` pass, with the `position` of the last one yielded."""
-
-    __slots__ = ("_it", "_cursor")
-
-    def __init__(self, it: Iterator[Dict[str, Any]], cursor: ShardCursor) -> None:
-        self._it = it
-        self._cursor = cursor
-
-    def __iter__(self) -> "PositionedSamples":
-        return self
-
-    def __next__(self) -> Dict[str, Any]:
-        return next(self._it)
-
-    @property
-    def position(self) -> Tuple[int, int, Optional[int]]:
-        return self._cursor.position
-
-    def close(self) -> None:
-        self._it.close()  # type: ignore[attr-defined]
+        if last:  # the item is finished: resume with the next one
+            self.position = (self.item + 1, 0, None)
+        else:
+            self.position = (self.item, self.sample, offset if self.info.get("compressed") is False else None)
 
 
 _NO_ITEM = object()
@@ -323,18 +294,23 @@ class TarShardSamples(PipelineStage):
         self.source_stats.add(errors=1)
         return bool(self.handler(exn))
 
-    seekable_source = True  # the engine can track `position` and resume a pass from one
+    seekable_source = True  # the engine can follow a cursor's `position` and resume a pass at one
 
-    def run(self, src: Iterable[Any], position: Optional[Sequence[Any]] = None) -> PositionedSamples:
-        """The samples of the shards in `src`. `position` (a `PositionedSamples.position` of an
-        earlier pass over the same shard stream) resumes right after that sample: the items
-        before it are not opened, and its shard is entered at the saved byte offset."""
-        cursor = ShardCursor()
-        return PositionedSamples(self._run(src, cursor, tuple(position) if position else (0, 0, None)), cursor)
+    @staticmethod
+    def cursor() -> ShardCursor:
+        """A fresh cursor to pass to `run`."""
+        return ShardCursor()
 
-    def _run(self, src: Iterable[Any], cursor: ShardCursor, position: Tuple[Any, ...]) -> Iterator[Dict[str, Any]]:
+    def run(
+        self, src: Iterable[Any], position: Optional[Sequence[Any]] = None, cursor: Optional[ShardCursor] = None
+    ) -> Iterator[Dict[str, Any]]:
+        """The samples of the shards in `src`. A `cursor` follows the position of the last
+        sample yielded; `position` (a cursor position from an earlier pass over the same shard
+        stream) resumes right after that sample: the items before it are not opened, and its
+        shard is entered at the saved byte offset."""
         items = iter(src)
-        resume_item, resume_sample, resume_offset = (int(position[0]), int(position[1]), position[2])
+        cursor = cursor if cursor is not None else ShardCursor()
+        resume_item, resume_sample, resume_offset = (int(position[0]), int(position[1]), position[2]) if position else (0, 0, None)
         for _ in range(resume_item):  # shard-list items finished before the resume point
             if next(items, _NO_ITEM) is _NO_ITEM:
                 return

@@ -310,10 +310,13 @@ class WebLoader(DataPipeline, FluidInterface):
     def state_dict(self) -> Dict[str, Any]:
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
+        pending = self._resume_counts is not None  # loaded, not started yet: still that state
+        counts = self._resume_counts if pending else self._consumed
+        positions = self._resume_positions if pending else self._positions
         return {
             "epoch": self._dataset.epoch,
-            "per_worker": {str(k): v for k, v in self._consumed.items()},
-            "positions": {str(k): v for k, v in self._positions.items() if v is not None},
+            "per_worker": {str(k): v for k, v in counts.items()},  # type: ignore[union-attr]
+            "positions": {str(k): v for k, v in positions.items() if v is not None},
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

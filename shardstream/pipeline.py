@@ -60,17 +60,17 @@ class _InlinePositions:
     """Generators composed in the caller's thread: the position of the last output is the
     source's position at the moment it came out (every stage after the source is a clean cut)."""
 
-    __slots__ = ("_it", "_probe", "position")
+    __slots__ = ("_it", "_cursor", "position")
 
-    def __init__(self, it: Iterator[Any], probe: Any) -> None:
-        self._it, self._probe, self.position = iter(it), probe, None
+    def __init__(self, it: Iterator[Any], cursor: Any) -> None:
+        self._it, self._cursor, self.position = iter(it), cursor, None
 
     def __iter__(self) -> "_InlinePositions":
         return self
 
     def __next__(self) -> Any:
         item = next(self._it)
-        self.position = self._probe.position
+        self.position = self._cursor.position
         return item
 
     def close(self) -> None:
@@ -123,6 +123,7 @@ class PipelineIterator:
         self._seek: Optional[Sequence[Any]] = None
         if seek is not None:  # resume by position: [pass, *source position]
             self._passes, self._seek = int(seek[0]), seek[1:]
+            self._position = list(seek)
             self._delivered = skip
             self._skip = 0
 
@@ -132,12 +133,16 @@ class PipelineIterator:
     @property
     def delivered(self) -> int:
         """Items delivered so far, including those before the checkpoint on resume."""
-        return self._delivered
+        return self._delivered + self._skip  # a replay not yet done still counts
 
     @property
     def position(self) -> Optional[List[Any]]:
         """Where the last delivered item stands, as [pass, shard item, sample, byte offset]
         (None when the pipeline cannot be resumed by position)."""
+        if self._track and self._tag is None and self._current is not None:
+            where = self._where()  # read when asked: nothing to do per item
+            if where is not None:
+                return where
         return self._position
 
     def __next__(self) -> Any:
@@ -178,12 +183,18 @@ class PipelineIterator:
                 continue
             self._count += 1
             self._delivered += 1
-            if self._track:
-                where = getattr(self._current, "position", None)
-                self._position = None if where is None else [self._passes, *where]
+            if self._tag is not None and self._track:  # the item leaves the process: note it now
+                self._position = self._where() or self._position
             return item
 
+    def _where(self) -> Optional[List[Any]]:
+        where = getattr(self._current, "position", None)
+        return None if where is None else [self._passes, *where]
+
     def _end_pass(self) -> None:
+        where = self._where() if self._track else None
+        if where is not None:
+            self._position = where
         current, self._current = self._current, None
         if isinstance(current, EngineIterator):
             self._last_stats = current.stats()
@@ -261,6 +272,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         """Where the most recent iterator is: {"epoch", "delivered", "position"}: items handed
         out, and the resume position of the last one (None where the pipeline has no seekable
         source followed by clean cuts only; see `seek_source`)."""
+        if self._resume is not None and "delivered" in self._resume:  # loaded, not iterated yet
+            return {"epoch": self.epoch, "delivered": self._resume["delivered"], "position": self._resume.get("position")}
         it = self._last_iterator() if self._last_iterator is not None else None
         delivered = it.delivered if it is not None else 0
         position = it.position if it is not None else None
@@ -326,13 +339,14 @@ class DataPipeline(IterableDataset, PipelineStage):
         if engine:
             return EngineIterator(stages, self.invoke, config, source, position)
         it = self.invoke(stages[0])
-        probe = None
+        cursor = None
         for step in stages[1:]:
             if step is source:
-                it = probe = step.run(it, position=position)
+                cursor = step.cursor()
+                it = step.run(it, position=position, cursor=cursor)
             else:
                 it = self.invoke(step, it)
-        return it if probe is None else _InlinePositions(it, probe)
+        return it if cursor is None else _InlinePositions(it, cursor)
 
     def iterator(self) -> Iterator[Any]:
         """`repetitions` passes; stops early when a pass yields nothing."""

@@ -39,6 +39,16 @@ def check_resume(build, checkpoints=(0, 1, 7, 30), seeks=None):
         assert_same_stream(full, first + rest)
         # and the epoch after a resumed one is a complete, fresh epoch again
         assert len(list(resumed)) == len(full)
+        # a checkpoint taken in a resumed run (even before its first item) resumes exactly too
+        again = build()
+        again.load_state_dict(state)
+        it = iter(again)
+        middle = [next(it) for _ in range(min(k % 3, len(rest)))]
+        state2 = again.state_dict()
+        del it
+        last = build()
+        last.load_state_dict(state2)
+        assert_same_stream(full, first + middle + list(last))
 
 
 def keyed(wds_dataset):
