@@ -83,7 +83,7 @@ from .handlers import (
     warn_and_stop,
 )
 from .mix import RandomMix, RoundRobin
-from .pipeline import DataPipeline
+from .pipeline import DataPipeline, gather_states
 from .prefetch import DevicePrefetcher
 from .shardlists import (
     MultiShardSample,
@@ -149,6 +149,7 @@ __all__ = [
     "engine_defaults",
     "extract_keys",
     "filters",
+    "gather_states",
     "getfirst",
     "gopen",
     "gopen_schemes",

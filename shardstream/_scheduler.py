@@ -273,11 +273,14 @@ class ShardScheduler:
         start, stop = part_bounds(self.samples_per_rank(epoch, world_size), num_workers, worker)
         return stop - start
 
+    def fresh_state(self, epoch: int, world_size: int, num_workers: int = 1) -> SchedulerState:
+        """The state at the start of epoch `epoch` on a layout (nothing delivered)."""
+        return SchedulerState.fresh(epoch, world_size, num_workers, **self._fingerprint)
+
     def plan(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> List[Slice]:
         """The slices worker `worker` of rank `rank` reads in epoch `epoch`, in reading order."""
         _check_layout(rank, world_size, worker, num_workers)
-        state = SchedulerState.fresh(epoch, world_size, num_workers, **self._fingerprint)
-        return self.resume_plan(state, rank, world_size, worker, num_workers)
+        return self.resume_plan(self.fresh_state(epoch, world_size, num_workers), rank, world_size, worker, num_workers)
 
     def rebase(self, state: SchedulerState, world_size: int, num_workers: int = 1) -> SchedulerState:
         """The state that finishes `state`'s epoch on the layout (world_size, num_workers), with

@@ -6,21 +6,97 @@ counts, asks the scheduler for this (epoch, rank, worker)'s slices of shards, an
 as `dict(url, start, stop)`: every rank gets the same number of samples (the < world_size
 leftover samples of an epoch are dropped by default), its DataLoader workers split that equally,
 and the shard order is reshuffled every epoch, identically on all ranks.
+
+Resume: a loader's saved state holds, per DataLoader worker, the resume position of the last
+item delivered: (pass, slice index, samples into that slice, byte offset). With every rank's
+state (`history`), `resume_state` turns those into the scheduler's delivered counts, so the
+epoch can be finished on another world size or worker count (`ShardScheduler.resume_plan`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Iterator, Optional
+import dataclasses
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from ._counts import sample_counts
+from ._errors import UsageError
 from ._ranks import pytorch_worker_info
 from ._samples import source_url
-from ._scheduler import SchedulerConfig, Shard, ShardScheduler
+from ._scheduler import SchedulerConfig, SchedulerState, Shard, ShardScheduler, Slice
 from ._stages import PipelineStage
 
-__all__ = ["EqualSplit", "WORKER_SPLIT"]
+__all__ = ["EqualSplit", "WORKER_SPLIT", "check_history", "resume_state"]
 
 WORKER_SPLIT = "worker_split"  # an item already cut for this worker: split_by_worker lets it pass
+
+
+def _pieces(plan: List[Slice]) -> List[Slice]:
+    """The slices the splitter hands on (empty ones are skipped)."""
+    return [p for p in plan if p.stop is None or p.stop > p.start]
+
+
+def check_history(history: Sequence[Mapping[str, Any]]) -> Dict[int, Mapping[str, Any]]:
+    """Check that saved states are one checkpoint of every rank of one layout; by rank."""
+    if not history:
+        raise UsageError("no saved states to resume from")
+    first = history[0]
+    layout = first.get("layout")
+    if layout is None:
+        raise UsageError("the saved state has no layout (saved by an older version): resume on the same layout")
+    world, workers, epoch = int(layout["world_size"]), int(layout["num_workers"]), int(first.get("epoch") or 0)
+    by_rank: Dict[int, Mapping[str, Any]] = {}
+    for state in history:
+        lay = state.get("layout") or {}
+        if (lay.get("world_size"), lay.get("num_workers"), int(state.get("epoch") or 0)) != (world, workers, epoch):
+            raise UsageError("the saved states are of different epochs or layouts")
+        if state.get("split") != first.get("split"):
+            raise UsageError("the saved states come from different resumed runs")
+        by_rank[int(lay["rank"])] = state
+    if sorted(by_rank) != list(range(world)) or len(history) != world:
+        raise UsageError(f"resuming on a new layout needs the states of all {world} ranks, got ranks "
+                         f"{sorted(int(s['layout']['rank']) for s in history)}")
+    return by_rank
+
+
+def resume_state(scheduler: ShardScheduler, history: Sequence[Mapping[str, Any]]) -> SchedulerState:
+    """The scheduler state at a checkpoint, from every rank's saved loader state.
+
+    Each state has "epoch", "layout" {rank, world_size, num_workers}, "per_worker" (items
+    delivered), "positions" (per worker: [pass, slice, sample, offset] of its last item) and
+    "split" (the history its own epoch was resumed from, or None). Delivered samples per worker
+    are the samples of the slices it finished plus the samples read of the current one.
+    """
+    by_rank = check_history(history)
+    first = history[0]
+    world, workers = int(first["layout"]["world_size"]), int(first["layout"]["num_workers"])
+    epoch = int(first.get("epoch") or 0)
+    previous = first.get("split")
+    origin = (
+        scheduler.rebase(resume_state(scheduler, previous), world, workers) if previous
+        else scheduler.fresh_state(epoch, world, workers)
+    )
+    rows = []
+    for rank in range(world):
+        state, row = by_rank[rank], []
+        for worker in range(workers):
+            position = (state.get("positions") or {}).get(str(worker))
+            if position is None:
+                if (state.get("per_worker") or {}).get(str(worker), 0):
+                    raise UsageError(
+                        "resuming on a new layout needs resume positions, and this pipeline has none: a "
+                        "stage after the shard reader holds samples back (a sample shuffle buffer, "
+                        "unbatched, a custom generator). Resume on the same layout (it replays), or "
+                        "shuffle shards instead of samples."
+                    )
+                row.append(0)
+                continue
+            passes, item, sample = int(position[0]), int(position[1]), int(position[2])
+            if passes:
+                raise UsageError("resuming on a new layout is not supported after with_epoch/repeat passes")
+            pieces = _pieces(scheduler.resume_plan(origin, rank, world, worker, workers))
+            row.append(sum(p.count or 0 for p in pieces[:item]) + sample)
+        rows.append(row)
+    return dataclasses.replace(origin, delivered=rows)
 
 
 class EqualSplit(PipelineStage):
@@ -40,6 +116,7 @@ class EqualSplit(PipelineStage):
         self.group = group
         self.epoch: Optional[int] = None
         self.passes = 0
+        self.history: Optional[List[Mapping[str, Any]]] = None  # the next pass resumes from these states
 
     def set_epoch(self, epoch: int) -> None:
         """Use this epoch number for the next passes (else each pass counts as a new epoch)."""
@@ -49,14 +126,18 @@ class EqualSplit(PipelineStage):
         rank, world, worker, workers = pytorch_worker_info(group=self.group)
         epoch = self.epoch if self.epoch is not None else self.passes
         self.passes += 1
+        history, self.history = self.history, None
         urls = [source_url(item, False)[0] for item in src]
         if not urls:
             return
         shards = [Shard(url, count) for url, count in zip(urls, sample_counts(urls))]
-        plan = ShardScheduler(shards, self.config).plan(epoch, rank, world, worker, workers)
-        for piece in plan:
-            if piece.stop is None or piece.stop > piece.start:
-                yield {"url": piece.url, "start": piece.start, "stop": piece.stop, WORKER_SPLIT: True}
+        scheduler = ShardScheduler(shards, self.config)
+        if history:
+            plan = scheduler.resume_plan(resume_state(scheduler, history), rank, world, worker, workers)
+        else:
+            plan = scheduler.plan(epoch, rank, world, worker, workers)
+        for piece in _pieces(plan):
+            yield {"url": piece.url, "start": piece.start, "stop": piece.stop, WORKER_SPLIT: True}
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         return self.run(src)

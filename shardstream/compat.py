@@ -6,7 +6,7 @@ import copy
 import os
 import random
 import warnings
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
@@ -20,7 +20,7 @@ from ._stages import clean_cut
 from ._stream_filters import SeededShuffle
 from ._torch import DataLoader
 from .handlers import reraise_exception
-from .pipeline import WORKER_END, DataPipeline, Tagged
+from .pipeline import WORKER_END, DataPipeline, Tagged, choose_state
 
 __all__ = ["FluidInterface", "FluidWrapper", "WebDataset", "WebLoader", "check_empty"]
 
@@ -175,7 +175,7 @@ class WebDataset(DataPipeline, FluidInterface):
             self.append(nodesplitter)
         if workersplitter:
             self.append(workersplitter)
-        if shardshuffle is not None:
+        if shardshuffle is not None and not isinstance(nodesplitter, EqualSplit):  # it shuffles itself
             if detshuffle:
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
             else:
@@ -255,6 +255,7 @@ class WebLoader(DataPipeline, FluidInterface):
         self._positions: Dict[int, Any] = {}
         self._resume_counts: Optional[Dict[int, int]] = None
         self._resume_positions: Dict[int, Any] = {}
+        self._loader_split: Optional[List[Dict[str, Any]]] = None
         super().__init__(DataLoader(*args, **kw), self._untag)
 
     def _untag(self, src):
@@ -268,6 +269,8 @@ class WebLoader(DataPipeline, FluidInterface):
         positions = self._positions
         positions.clear()
         positions.update(self._resume_positions)
+        if self._resume_counts is None:
+            self._loader_split = None  # a fresh epoch
         self._resume_counts, self._resume_positions = None, {}
         pending: Dict[int, Dict[int, Any]] = {w: {} for w in range(workers)}
         ended: Dict[int, int] = {}
@@ -317,11 +320,21 @@ class WebLoader(DataPipeline, FluidInterface):
             "epoch": self._dataset.epoch,
             "per_worker": {str(k): v for k, v in counts.items()},  # type: ignore[union-attr]
             "positions": {str(k): v for k, v in positions.items() if v is not None},
+            "layout": self._dataset._layout(self._workers()),
+            "split": self._loader_split,
         }
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def _workers(self) -> int:
+        return max(1, getattr(self.pipeline[0], "num_workers", 0))
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue the saved epoch: `state` is this loader's `state_dict()`, or the list of
+        every rank's (`gather_states`) to finish it on another world size or worker count."""
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
-        self._dataset.load_state_dict(state)
+        own, history = choose_state(state, self._dataset._layout(self._workers()))
+        state = own if own is not None else self._dataset._elastic(history)
+        self._dataset._load(state)
+        self._loader_split = state.get("split")
         self._resume_counts = {int(k): v for k, v in state.get("per_worker", {}).items()}
         self._resume_positions = {int(k): v for k, v in (state.get("positions") or {}).items()}

@@ -10,14 +10,18 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
-from ._split import EqualSplit
+from ._split import EqualSplit, check_history
 from ._errors import UsageError
+from ._ranks import pytorch_worker_info
 from ._stages import PipelineStage, SampleStage, resume_clean
 from ._stats import PipelineStats
 from ._torch import IterableDataset, is_dataloader, worker_info
-from .shardlists import SimpleShardList, split_by_node
+from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
-__all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method", "seek_source"]
+__all__ = [
+    "DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method", "choose_state", "gather_states",
+    "seek_source",
+]
 
 
 def add_length_method(obj):
@@ -77,6 +81,33 @@ class _InlinePositions:
         close = getattr(self._it, "close", None)
         if close is not None:
             close()
+
+
+def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
+    """(this process's own saved state, None) when `state` (one state or every rank's list)
+    holds one saved on this very layout and rank, else (None, all states) to resume elastically."""
+    states = [dict(s) for s in state] if isinstance(state, (list, tuple)) else [dict(state)]
+    for candidate in states:
+        saved = candidate.get("layout")
+        if saved is None and len(states) == 1:
+            return candidate, []  # saved before layouts were recorded: take it as ours
+        if saved == layout:
+            return candidate, []
+    if any(s.get("layout") is None for s in states):
+        raise UsageError("every saved state needs its layout to resume on another one")
+    return None, states
+
+
+def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, Any]]:
+    """Every rank's loader state, gathered with torch.distributed (a collective: call it on all
+    ranks at the same step); [state] when not distributed. Save the list to resume on any
+    world size or worker count."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return [state]
+    result: List[Any] = [None] * dist.get_world_size(group=group)
+    dist.all_gather_object(result, state, group=group)
+    return result
 
 
 def seek_source(stages: List[Any], ordered: bool = True) -> Any:
@@ -241,6 +272,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._last_stats: Optional[PipelineStats] = None
         self._last_iterator: Any = None
         self._resume: Optional[Dict[str, Any]] = None
+        self._split_history: Optional[List[Dict[str, Any]]] = None
         self._tag_outputs = False
         for arg in args:
             if arg is None:
@@ -269,18 +301,26 @@ class DataPipeline(IterableDataset, PipelineStage):
                 stage.set_epoch(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the most recent iterator is: {"epoch", "delivered", "position"}: items handed
-        out, and the resume position of the last one (None where the pipeline has no seekable
-        source followed by clean cuts only; see `seek_source`)."""
+        """Where the most recent iterator is: {"epoch", "delivered", "position", "layout",
+        "split"}: items handed out, the resume position of the last one (None where the pipeline
+        has no seekable source followed by clean cuts only; see `seek_source`), this process's
+        rank and world size, and the states this epoch was resumed from on another layout."""
         if self._resume is not None and "delivered" in self._resume:  # loaded, not iterated yet
-            return {"epoch": self.epoch, "delivered": self._resume["delivered"], "position": self._resume.get("position")}
-        it = self._last_iterator() if self._last_iterator is not None else None
-        delivered = it.delivered if it is not None else 0
-        position = it.position if it is not None else None
-        return {"epoch": self.epoch, "delivered": delivered, "position": position}
+            delivered, position = self._resume["delivered"], self._resume.get("position")
+        else:
+            it = self._last_iterator() if self._last_iterator is not None else None
+            delivered = it.delivered if it is not None else 0
+            position = it.position if it is not None else None
+        return {
+            "epoch": self.epoch, "delivered": delivered, "position": position,
+            "layout": self._layout(1), "split": self._split_history,
+        }
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Any) -> None:
         """The next iteration continues the checkpointed epoch after its delivered items.
+
+        `state` is this pipeline's `state_dict()`, or the list of every rank's (`gather_states`)
+        to finish the epoch on another world size (see the README, "Exact and elastic resume").
 
         Exact for deterministic pipelines (seeded shuffles, the equal-work splitter). With a
         position (pipelines whose stages after the shard reader are maps, filters and batching),
@@ -288,9 +328,38 @@ class DataPipeline(IterableDataset, PipelineStage):
         in is entered at the byte offset of the next sample (local file, disk-cache hit or HTTP/S3
         Range request; a gzip shard is read from its start or its `.idx`). Otherwise the epoch is
         replayed and the items delivered before the checkpoint are skipped."""
+        own, history = choose_state(state, self._layout(1))
+        self._load(own if own is not None else self._elastic(history))
+
+    def _load(self, state: Dict[str, Any]) -> None:
         if state.get("epoch") is not None:
             self.set_epoch(state["epoch"])
         self._resume = dict(state)
+        self._split_history = state.get("split")
+
+    def _layout(self, num_workers: int) -> Dict[str, int]:
+        split = self._equal_split()
+        rank, world, _worker, _workers = pytorch_worker_info(group=split.group if split is not None else None)
+        return {"rank": rank, "world_size": world, "num_workers": num_workers}
+
+    def _equal_split(self) -> Optional[EqualSplit]:
+        return next((s for s in self.pipeline if isinstance(s, EqualSplit)), None)
+
+    def _elastic(self, history: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The resume state that finishes the saved epoch on this (new) layout."""
+        split = self._equal_split()
+        source = seek_source(self.pipeline)
+        if split is None:
+            raise UsageError("resuming on another world size or worker count needs split_by_node (the equal-work splitter)")
+        between = self.pipeline[self.pipeline.index(split) + 1 : self.pipeline.index(source)] if source is not None else None
+        if between is None or any(s is not split_by_worker for s in between):
+            raise UsageError(
+                "resuming on another layout needs shards read in the splitter's order, followed by clean-cut "
+                "stages only (maps, filters, batching): no shard or sample shuffle after split_by_node"
+            )
+        check_history(history)
+        return {"epoch": history[0].get("epoch"), "split": list(history), "delivered": 0, "position": None,
+                "per_worker": {}, "positions": {}}
 
     def close(self) -> None:
         for step in self.pipeline:
@@ -358,7 +427,12 @@ class DataPipeline(IterableDataset, PipelineStage):
         skip, seek = 0, None
         if self._resume is not None:
             skip, seek = self._resume_point(self._resume, worker)
+            split = self._equal_split()
+            if split is not None:  # plans (and so positions) derive from the states resumed from
+                split.history = self._resume.get("split")
             self._resume = None
+        else:
+            self._split_history = None  # a fresh epoch
         track = self.seekable()
         it = PipelineIterator(
             self, self.repetitions, limit, skip=skip, tag=worker if self._tag_outputs else None,

@@ -35,17 +35,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(out, shards, *extra):
+def _torchrun(out, shards, *extra, nproc=2):
     os.makedirs(out, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
         f"--master_port={_free_port()}", SCRIPT, str(out), *shards, *extra,
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(2)]
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(nproc)]
 
 
 @pytest.mark.timeout(300)
@@ -74,3 +74,16 @@ def test_resume_mid_epoch_completes_the_epoch_exactly(uneven_shards, tmp_path):
     for rank in range(2):
         assert first[rank]["keys"] + rest[rank]["keys"] == full[rank]["keys"]
     assert first[0]["batches"] + rest[0]["batches"] == first[1]["batches"] + rest[1]["batches"]
+
+
+@pytest.mark.timeout(300)
+def test_elastic_resume_on_fewer_ranks(uneven_shards, tmp_path):
+    """Checkpoint 2 ranks mid-epoch (states gathered over gloo), finish the epoch on 1 rank:
+    every sample of the epoch exactly once (136 divides by 2 and by 1: nothing dropped)."""
+    first = _torchrun(tmp_path / "first", uneven_shards, "--stop-after", "5", "--elastic")
+    assert first[0]["state"] == first[1]["state"] and len(first[0]["state"]) == 2
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(first[0]["state"]))
+    rest = _torchrun(tmp_path / "rest", uneven_shards, "--resume", str(state_file), "--elastic", nproc=1)
+    keys = first[0]["keys"] + first[1]["keys"] + rest[0]["keys"]
+    assert len(keys) == len(set(keys)) == sum(SIZES)

@@ -234,3 +234,102 @@ def test_webdataset_weighted_resampled_sources(shardset):
     assert len(urls) == 400 and share > 0.3
     with pytest.raises(wds.UsageError):
         wds.WebDataset(spec, shardshuffle=False, weights="3::1")
+
+
+# -- elastic: finish an epoch on another world size or worker count ------------------------------
+
+UNEVEN = [5, 40, 12, 23, 8, 31, 17]  # 136 samples
+
+
+@pytest.fixture(scope="module")
+def uneven_shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uneven")
+    shards, index = [], 0
+    for n, size in enumerate(UNEVEN):
+        shards.append(write_tar(str(root / f"part-{n}.tar"), [m for i in range(index, index + size) for m in sample_members(i, exts=("cls",))]))
+        index += size
+    return shards
+
+
+def _elastic_loader(shards, workers):
+    ds = wds.WebDataset(shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).to_tuple("__key__").batched(4)
+    return wds.WebLoader(ds, batch_size=None, num_workers=workers)
+
+
+def _keys(batches):
+    return [key for batch in batches for key in batch[0]]
+
+
+def _run_ranks(monkeypatch, world, workers, build, take=None, load=None):
+    """Run every rank of a layout in turn (RANK/WORLD_SIZE as torchrun sets them): each takes
+    `take(rank)` batches (None: to the end); returns the keys and states per rank."""
+    keys, states = [], []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        loader = build(workers)
+        if load is not None:
+            loader.load_state_dict(load)
+        it = iter(loader)
+        n = take(rank) if take is not None else None
+        got = [b for _, b in zip(range(n), it)] if n is not None else list(it)
+        keys.append(_keys(got))
+        states.append(loader.state_dict())
+        del it
+    return keys, states
+
+
+@pytest.mark.parametrize("new_world,new_workers", [(3, 1), (1, 3), (2, 1), (4, 2)])
+def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world, new_workers):
+    build = lambda workers: _elastic_loader(uneven_shards, workers)  # noqa: E731
+    full, _ = _run_ranks(monkeypatch, 2, 2, build)
+    epoch = {k for rank in full for k in rank}
+    assert len(epoch) == 136
+    # ranks step in lockstep under DDP: the same number of batches each before the checkpoint
+    before, states = _run_ranks(monkeypatch, 2, 2, build, take=lambda rank: 5)
+    assert [len(k) for k in before] == [20, 20]
+    assert all(s["positions"] for s in states)
+    after, resumed_states = _run_ranks(monkeypatch, new_world, new_workers, build, load=states)
+    delivered = [k for rank in before + after for k in rank]
+    assert len(delivered) == len(set(delivered)), "a sample was repeated"
+    left = 136 - 40
+    assert len(set(delivered)) == 40 + left - left % new_world  # only the remainder is dropped
+    assert set(delivered) <= epoch
+    assert len({len(k) for k in after}) == 1  # equal work on the new layout
+    # the next epoch on the new layout is a fresh, complete one
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(new_world))
+    loader = build(new_workers)
+    loader.load_state_dict(resumed_states)
+    assert list(loader) == []  # the resumed epoch was finished
+    assert len(_keys(list(loader))) == 136 // new_world
+
+
+def test_elastic_resume_twice(monkeypatch, uneven_shards):
+    """2x2 -> 3x1 mid-epoch -> 2x2 again: still no sample twice, only remainders dropped."""
+    build = lambda workers: _elastic_loader(uneven_shards, workers)  # noqa: E731
+    before, states = _run_ranks(monkeypatch, 2, 2, build, take=lambda rank: 2)
+    middle, states2 = _run_ranks(monkeypatch, 3, 1, build, take=lambda rank: 3, load=states)
+    after, _ = _run_ranks(monkeypatch, 2, 2, build, load=states2)
+    delivered = [k for rank in before + middle + after for k in rank]
+    assert len(delivered) == len(set(delivered))
+    left1 = 136 - 16
+    left2 = left1 - left1 % 3 - 36
+    assert len(delivered) == 16 + 36 + left2 - left2 % 2
+
+
+def test_elastic_resume_refuses_what_it_cannot_do(monkeypatch, uneven_shards):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    shuffled = wds.WebLoader(
+        wds.WebDataset(uneven_shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).shuffle(10).to_tuple("__key__"),
+        batch_size=None, num_workers=0,
+    )
+    it = iter(shuffled)
+    next(it)
+    state = shuffled.state_dict()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(wds.UsageError, match="shuffle"):
+        shuffled.load_state_dict([state])
+    with pytest.raises(wds.UsageError, match="all 2 ranks"):
+        _elastic_loader(uneven_shards, 0).load_state_dict([dict(state, positions={})])

@@ -1,7 +1,10 @@
 """Run under `torchrun --nproc_per_node=2`: every rank reads its share of the shards through two
 DataLoader workers and takes part in an all_reduce every step. Writes one JSON per rank.
 
-Usage: ddp_equal.py OUT_DIR SHARD... [--stop-after N] [--resume STATE_JSON]
+Usage: ddp_equal.py OUT_DIR SHARD... [--stop-after N] [--resume STATE_JSON] [--elastic]
+
+--elastic: no sample shuffle (resume positions are exact), states gathered from all ranks with
+wds.gather_states, so the run can be resumed on another number of ranks.
 """
 
 import argparse
@@ -24,21 +27,21 @@ def main():
     parser.add_argument("--stop-after", type=int, default=None, help="checkpoint after this many batches")
     parser.add_argument("--resume", default=None, help="a state_dict written by a run with --stop-after")
     parser.add_argument("--epoch", type=int, default=0)
+    parser.add_argument("--elastic", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    dataset = (
-        wds.WebDataset(args.shards, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node)
-        .shuffle(16)  # seeded from (seed, epoch, rank, worker): part of what resume must replay
-        .to_tuple("__key__", "cls")
-        .batched(4)
-    )
+    dataset = wds.WebDataset(args.shards, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node)
+    if not args.elastic:
+        dataset = dataset.shuffle(16)  # seeded from (seed, epoch, rank, worker): resume replays it
+    dataset = dataset.to_tuple("__key__", "cls").batched(4)
     dataset.set_epoch(args.epoch)
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
     if args.resume:
         with open(args.resume) as f:
-            loader.load_state_dict(json.load(f)[str(rank)])
+            saved = json.load(f)
+        loader.load_state_dict(saved if isinstance(saved, list) else saved[str(rank)])
     keys, batches = [], 0
     for batch_keys, _labels in loader:
         total = torch.tensor([len(batch_keys)], dtype=torch.int64)
@@ -48,6 +51,8 @@ def main():
         if args.stop_after is not None and batches == args.stop_after:
             break
     state = loader.state_dict() if args.stop_after is not None else None
+    if state is not None and args.elastic:
+        state = wds.gather_states(state)  # a collective: every rank's state, on every rank
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "world": world, "batches": batches, "keys": keys, "state": state}, f)
     dist.barrier()
