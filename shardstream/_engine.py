@@ -50,9 +50,10 @@ def _tracked(items: List[Any], positions: List[Any]) -> _Chunk:
 class Segment:
     """A run of consecutive stages of one kind."""
 
-    def __init__(self, kind: str, stages: List[Any]) -> None:
+    def __init__(self, kind: str, stages: List[Any], start: int = 0) -> None:
         self.kind = kind  # "stream" or "parallel"
         self.stages = stages
+        self.start = start  # index of its first stage in the pipeline
 
     @property
     def name(self) -> str:
@@ -74,7 +75,7 @@ def split_segments(stages: Sequence[Any]) -> List[Segment]:
         if segments and segments[-1].kind == kind:
             segments[-1].stages.append(stage)
         else:
-            segments.append(Segment(kind, [stage]))
+            segments.append(Segment(kind, [stage], i))
     return segments
 
 
@@ -132,14 +133,15 @@ class _Run:
 
     def __init__(
         self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig,
-        source: Optional[Any] = None, position: Optional[Sequence[Any]] = None,
+        pivot: Optional[Tuple[int, Callable[..., Any]]] = None,
     ) -> None:
         self.config = config
         self.invoke = invoke
-        # Position tracking: `source` is the seekable source stage (TarShardSamples); every item
-        # then travels with the source position it stands at, and `position` resumes the source.
-        self.source = source
-        self.position = position
+        # Position tracking: pivot = (stage index, wrap). wrap(stage, src) runs that stage and
+        # returns (iterator, where): where() is the position its last output stands at. Every
+        # item then travels with a position (the stages after the pivot are clean cuts, so an
+        # item's position is that of the last pivot output it depends on).
+        self.pivot = pivot
         self.stop = threading.Event()
         self.started = time.perf_counter()
         self.threads_n = config.resolved_threads()
@@ -194,24 +196,20 @@ class _Run:
         the source position of what it yielded last: for the source's segment the source's own
         position, downstream the position of the last item pulled from the channel (stages are
         clean cuts, so that is where their last output stands)."""
-        stages = segment.stages
+        pivot, wrap = self.pivot if self.pivot is not None else (-1, None)
         where: Optional[Callable[[], Any]] = None
-        if upstream is None:
-            source = self.invoke(stages[0])
-            rest = stages[1:]
-        elif self.source is not None:
+        source: Any = None
+        if upstream is not None and segment.start > pivot >= 0:
             cell: List[Any] = [None]
             source = self._items(upstream, cell)
-            where = lambda: cell[0]  # noqa: E731
-            rest = stages
-        else:
+            where = functools.partial(cell.__getitem__, 0)
+        elif upstream is not None:
             source = self._items(upstream)
-            rest = stages
-        for stage in rest:
-            if stage is self.source:
-                cursor = stage.cursor()  # opaque here: the stage's own record of where it is
-                source = stage.run(source, position=self.position, cursor=cursor)
-                where = functools.partial(getattr, cursor, "position")
+        for index, stage in enumerate(segment.stages, segment.start):
+            if index == pivot:
+                source, where = wrap(stage, source)  # type: ignore[misc]
+            elif index == 0:
+                source = self.invoke(stage)
             else:
                 source = self.invoke(stage, source)
         return iter(source), where
@@ -446,13 +444,13 @@ def _find_cache(stages: Sequence[Any]) -> Any:
 
 class EngineIterator:
     """The consumer's end of an engine run: an iterator with `stats()` and `close()`; with a
-    seekable `source` stage, `position` is the source position of the item last returned."""
+    `pivot`, `position` is the position of the item last returned (see `_Run`)."""
 
     def __init__(
         self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig,
-        source: Optional[Any] = None, position: Optional[Sequence[Any]] = None,
+        pivot: Optional[Tuple[int, Callable[..., Any]]] = None,
     ) -> None:
-        self._run = _Run(stages, invoke, config, source, position)
+        self._run = _Run(stages, invoke, config, pivot)
         self._chunk: List[Any] = []
         self._index = 0
 

@@ -13,7 +13,6 @@ which composes stages as nested generators, keeps working.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Iterable, Iterator
 
 from .handlers import reraise_exception
@@ -51,7 +50,8 @@ DROP: Any = _Drop()
 def clean_cut(f: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a generator stage as a *clean cut* for resume positions: whenever it yields, every
     input it has pulled so far has been passed on (in this or an earlier output) or dropped for
-    good. Maps, filters and batching qualify; a shuffle buffer or an unbatcher does not."""
+    good, and it keeps no other state (a restarted copy behaves the same from there on). Maps,
+    filters and batching qualify; a shuffle buffer, an unbatcher or a slice (it counts) do not."""
     f.resume_clean = True  # type: ignore[attr-defined]
     return f
 
@@ -60,7 +60,7 @@ def resume_clean(stage: Any) -> bool:
     """Whether a pipeline stage is a clean cut (see `clean_cut`); unknown stages are not."""
     if isinstance(stage, StreamStage):
         stage = stage.f
-    return stage is itertools.islice or bool(getattr(stage, "resume_clean", False))
+    return bool(getattr(stage, "resume_clean", False))
 
 
 class PipelineStage:

@@ -10,17 +10,17 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
-from ._split import EqualSplit, check_history
 from ._errors import UsageError
+from ._positions import compose, pivot_wrapper, resume_pivot
 from ._ranks import pytorch_worker_info
-from ._stages import PipelineStage, SampleStage, resume_clean
+from ._split import EqualSplit, check_history
+from ._stages import PipelineStage
 from ._stats import PipelineStats
 from ._torch import IterableDataset, is_dataloader, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
 __all__ = [
     "DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method", "choose_state", "gather_states",
-    "seek_source",
 ]
 
 
@@ -60,29 +60,6 @@ class Tagged:
         return (Tagged, (self.item, self.worker, self.count, self.position))
 
 
-class _InlinePositions:
-    """Generators composed in the caller's thread: the position of the last output is the
-    source's position at the moment it came out (every stage after the source is a clean cut)."""
-
-    __slots__ = ("_it", "_cursor", "position")
-
-    def __init__(self, it: Iterator[Any], cursor: Any) -> None:
-        self._it, self._cursor, self.position = iter(it), cursor, None
-
-    def __iter__(self) -> "_InlinePositions":
-        return self
-
-    def __next__(self) -> Any:
-        item = next(self._it)
-        self.position = self._cursor.position
-        return item
-
-    def close(self) -> None:
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
-
-
 def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
     """(this process's own saved state, None) when `state` (one state or every rank's list)
     holds one saved on this very layout and rank, else (None, all states) to resume elastically."""
@@ -108,25 +85,6 @@ def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, An
     result: List[Any] = [None] * dist.get_world_size(group=group)
     dist.all_gather_object(result, state, group=group)
     return result
-
-
-def seek_source(stages: List[Any], ordered: bool = True) -> Any:
-    """The stage a pass of this pipeline can be resumed at by position, or None.
-
-    That is a source stage with `seekable_source` (TarShardSamples) after which every stage is a
-    clean cut (`resume_clean`: maps, filters, batching, ...) and no sample stage before it (it
-    runs in the first thread), delivering in order. The shard-list stages before it must give
-    the same items on every run of the epoch (seeded shuffles, the equal-work splitter).
-    """
-    if not ordered:
-        return None
-    for i, stage in enumerate(stages):
-        if getattr(stage, "seekable_source", False):
-            before, after = stages[:i], stages[i + 1:]
-            if i == 0 or any(isinstance(s, SampleStage) for s in before):
-                return None
-            return stage if all(resume_clean(s) for s in after) else None
-    return None
 
 
 class PipelineIterator:
@@ -303,7 +261,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def state_dict(self) -> Dict[str, Any]:
         """Where the most recent iterator is: {"epoch", "delivered", "position", "layout",
         "split"}: items handed out, the resume position of the last one (None where the pipeline
-        has no seekable source followed by clean cuts only; see `seek_source`), this process's
+        can only replay; see `_positions`), this process's
         rank and world size, and the states this epoch was resumed from on another layout."""
         if self._resume is not None and "delivered" in self._resume:  # loaded, not iterated yet
             delivered, position = self._resume["delivered"], self._resume.get("position")
@@ -348,10 +306,11 @@ class DataPipeline(IterableDataset, PipelineStage):
     def _elastic(self, history: List[Dict[str, Any]]) -> Dict[str, Any]:
         """The resume state that finishes the saved epoch on this (new) layout."""
         split = self._equal_split()
-        source = seek_source(self.pipeline)
         if split is None:
             raise UsageError("resuming on another world size or worker count needs split_by_node (the equal-work splitter)")
-        between = self.pipeline[self.pipeline.index(split) + 1 : self.pipeline.index(source)] if source is not None else None
+        stages = [s for s in self.pipeline if not getattr(s, "skip_on_resume", False)]
+        index, kind = resume_pivot(stages)
+        between = stages[stages.index(split) + 1 : index] if kind == "seek" else None
         if between is None or any(s is not split_by_worker for s in between):
             raise UsageError(
                 "resuming on another layout needs shards read in the splitter's order, followed by clean-cut "
@@ -396,26 +355,21 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def iterator1(self, position: Optional[Sequence[Any]] = None, track: bool = False) -> Iterator[Any]:
         """One pass through the pipeline; with `track`, the iterator has the resume `position`
-        of its last item (when the pipeline is seekable), and `position` resumes at one."""
+        of its last item (see `_positions`), and `position` resumes a pass at one."""
         config = self.resolved_engine_config()
         engine = self._use_engine(config)
-        source = seek_source(self.pipeline, config.ordered or not engine) if (track or position) else None
-        if position is not None and source is None:
-            raise UsageError("this pipeline cannot resume at a position (see DataPipeline.load_state_dict)")
         stages = self.pipeline
         if position is not None:  # e.g. check_empty: the rest of a resumed pass may be empty
             stages = [s for s in stages if not getattr(s, "skip_on_resume", False)]
+        pivot = None
+        if (track or position is not None) and self._trackable(config):
+            index, kind = resume_pivot(stages)
+            pivot = (index, pivot_wrapper(kind, self.invoke, position))
+        elif position is not None:
+            raise UsageError("this pipeline cannot resume at a position (unordered engine output)")
         if engine:
-            return EngineIterator(stages, self.invoke, config, source, position)
-        it = self.invoke(stages[0])
-        cursor = None
-        for step in stages[1:]:
-            if step is source:
-                cursor = step.cursor()
-                it = step.run(it, position=position, cursor=cursor)
-            else:
-                it = self.invoke(step, it)
-        return it if cursor is None else _InlinePositions(it, cursor)
+            return EngineIterator(stages, self.invoke, config, pivot)
+        return compose(stages, self.invoke, pivot)
 
     def iterator(self) -> Iterator[Any]:
         """`repetitions` passes; stops early when a pass yields nothing."""
@@ -451,11 +405,14 @@ class DataPipeline(IterableDataset, PipelineStage):
         positions = state.get("positions") or {}
         return per_worker.get(str(worker), 0), positions.get(str(worker))
 
+    def _trackable(self, config: EngineConfig) -> bool:
+        # Unordered output has no position to speak of; a DataLoader source (WebLoader) keeps
+        # positions per worker instead.
+        return (config.ordered or not self._use_engine(config)) and not is_dataloader(self.pipeline[0])
+
     def seekable(self) -> bool:
-        """Whether a pass can be resumed by position rather than replayed (see `seek_source`)."""
-        config = self.resolved_engine_config()
-        ordered = config.ordered or not self._use_engine(config)
-        return seek_source(self.pipeline, ordered) is not None
+        """Whether a pass can be resumed by position rather than replayed (see `_positions`)."""
+        return bool(self.pipeline) and self._trackable(self.resolved_engine_config())
 
     def stats(self) -> Optional[PipelineStats]:
         """Stats of this pipeline's most recent finished engine pass (None if none yet)."""
