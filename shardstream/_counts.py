@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 from ._index import read_index, scan_shard
 from ._open import iter_chunks, local_path_of
 
-__all__ = ["sample_counts"]
+__all__ = ["known_counts", "sample_counts"]
 
 _lock = threading.Lock()
 _scanned: Dict[Tuple[str, Optional[Tuple[int, float]]], int] = {}
@@ -46,7 +46,7 @@ def _stamp(url: str) -> Optional[Tuple[int, float]]:
     return st.st_size, st.st_mtime
 
 
-def _count_one(url: str) -> int:
+def _count_one(url: str, scan: bool = True) -> Optional[int]:
     directory, _, name = url.rpartition("/")
     sizes = _sizes_json(directory or ".")
     if sizes is not None and name in sizes:
@@ -54,6 +54,8 @@ def _count_one(url: str) -> int:
     path = local_path_of(url)
     if path is not None and os.path.exists(path + ".idx"):
         return len(read_index(path + ".idx"))
+    if not scan:
+        return None
     key = (url, _stamp(url))
     with _lock:
         if key in _scanned:
@@ -66,4 +68,9 @@ def _count_one(url: str) -> int:
 
 def sample_counts(urls: List[str]) -> List[int]:
     """The number of samples in each shard."""
-    return [_count_one(url) for url in urls]
+    return [_count_one(url) for url in urls]  # type: ignore[misc]
+
+
+def known_counts(urls: List[str]) -> List[Optional[int]]:
+    """Sample counts from sizes.json or `.idx` files only (None where neither has it): no scans."""
+    return [_count_one(url, scan=False) for url in urls]

@@ -236,6 +236,41 @@ class ShardScheduler:
             shard = self.shards[index]
             yield Slice(shard.url, 0, shard.samples, index)
 
+    def iter_exact(self, epoch: int, rank: int, worker: int = 0) -> Iterator[Slice]:
+        """Endless whole-shard draws for (epoch, rank, worker) in which every `Shard.source`
+        gets its exact share of the samples: the next shard comes from the source furthest
+        behind its share (sum of its shards' weights over the total), chosen within that source
+        by shard weight, seeded. At every point of the stream a source is ahead of its share by
+        at most one of its own shards, and behind it by at most one shard of each other source
+        (their excesses). A shard of unknown size counts as the mean known size (1 when no size
+        is known)."""
+        known = [s.samples for s in self.shards if s.samples is not None]
+        default = max(1, round(sum(known) / len(known))) if known else 1
+        members: Dict[int, List[int]] = {}
+        for i, shard in enumerate(self.shards):
+            if shard.weight > 0 and (shard.samples is None or shard.samples > 0):
+                members.setdefault(shard.source, []).append(i)
+        if not members:
+            raise UsageError("every shard that can be drawn is empty")
+        rng = _rng("exact", self.config.seed, epoch, rank, worker)
+        share = dict.fromkeys(members, 0.0)  # a source's share counts its empty shards' weight too
+        for shard in self.shards:
+            if shard.source in share:
+                share[shard.source] += shard.weight
+        cumulative = {src: list(itertools.accumulate(self.shards[i].weight for i in idx)) for src, idx in members.items()}
+        order = list(members)
+        rng.shuffle(order)  # seeded tie-break: workers do not all start with the same source
+        rank_of = {src: k for k, src in enumerate(order)}
+        taken = dict.fromkeys(members, 0)
+        while True:
+            src = min(members, key=lambda s: (taken[s] / share[s], rank_of[s]))
+            weights = cumulative[src]
+            k = min(bisect.bisect_right(weights, rng.random() * weights[-1]), len(weights) - 1)
+            index = members[src][k]
+            shard = self.shards[index]
+            taken[src] += shard.samples if shard.samples is not None else default
+            yield Slice(shard.url, 0, shard.samples, index)
+
     def _resampled_plan(self, epoch: int, rank: int, worker: int, count: int, generation: int) -> List[Slice]:
         if count and not any(s.weight > 0 and s.samples != 0 for s in self.shards):
             raise UsageError("every shard that can be drawn is empty")

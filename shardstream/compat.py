@@ -118,8 +118,10 @@ class WebDataset(DataPipeline, FluidInterface):
     Beyond webdataset's arguments: `allow_pipe` enables `pipe:` URLs for this dataset, and
     `cache_memory_bytes` adds a memory tier (shards up to that size) in front of the disk cache,
     `fetch_options` sets timeouts / retries / buffer sizes for http(s) and s3 shards, and
-    `shards_in_flight` how many remote shards download at once, and `weights` (with
-    resampled=True) one draw weight per `::`-separated source of the spec.
+    `shards_in_flight` how many remote shards download at once, `weights` (with
+    resampled=True) one weight per `::`-separated source of the spec, and `mix` how weighted
+    sources are drawn: "exact" (default: each source its exact share of the samples, within one
+    shard at every point) or "random" (independent weighted shard draws).
     `cache_dir` / `cache_size` (and WDS_CACHE / WDS_CACHE_SIZE) set up the disk tier, shared by
     all processes on the node; `url_to_name` is accepted and ignored (names derive from the URL).
     """
@@ -149,6 +151,7 @@ class WebDataset(DataPipeline, FluidInterface):
         fetch_options: Optional[FetchOptions] = None,
         shards_in_flight: int = 8,
         weights: Any = None,
+        mix: Optional[str] = None,
     ) -> None:
         super().__init__()
         if resampled:
@@ -166,7 +169,9 @@ class WebDataset(DataPipeline, FluidInterface):
         cache = cache_from_options(cache_dir, cache_size, memory_bytes=cache_memory_bytes)
         if weights is not None and mode != "resampled":
             raise UsageError("weights= needs resampled=True (draws with replacement, per `::` source)")
-        self._append_shard_source(urls, mode, self.sample_seed, weights)
+        if mix is not None and mode != "resampled":
+            raise UsageError("mix= needs resampled=True")
+        self._append_shard_source(urls, mode, self.sample_seed, weights, mix)
         if nodesplitter is shardlists.split_by_node and mode != "resampled":
             # Equal samples per rank, a new shard order every epoch, the same on all ranks.
             split_seed = seed if seed is not None else int(os.environ.get("WDS_SEED", 0))
@@ -188,7 +193,9 @@ class WebDataset(DataPipeline, FluidInterface):
         if empty_check:
             self.append(check_empty)
 
-    def _append_shard_source(self, urls: Any, mode: Optional[str], seed: Any = None, weights: Any = None) -> None:
+    def _append_shard_source(
+        self, urls: Any, mode: Optional[str], seed: Any = None, weights: Any = None, mix: Optional[str] = None
+    ) -> None:
         if isinstance(urls, str) and (urls.endswith(".yaml") or urls.endswith(".yml")):
             with open(urls) as stream:
                 spec = yaml.safe_load(stream)
@@ -205,7 +212,8 @@ class WebDataset(DataPipeline, FluidInterface):
                 deterministic = seed is not None
                 self.append(
                     shardlists.ResampledShards(
-                        urls, seed=int(seed) if deterministic else 0, deterministic=deterministic, weights=weights
+                        urls, seed=int(seed) if deterministic else 0, deterministic=deterministic, weights=weights,
+                        mix=mix,
                     )
                 )
             else:

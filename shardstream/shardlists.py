@@ -9,13 +9,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from itertools import chain, islice
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import braceexpand
 import yaml
 
 from . import utils
+from ._counts import known_counts
 from ._listing import expand_listings
+from ._scheduler import SchedulerConfig, Shard, ShardScheduler
 from ._split import WORKER_SPLIT
 from ._torch import IterableDataset
 from ._urls import envsubst, expand_urls
@@ -136,24 +138,41 @@ class ResampledShards(IterableDataset):
     `weights` (a shardstream extension, as OpenCLIP's upsampling factors): one weight per
     `::`-separated source of a string spec; a source's weight is split evenly over its shards,
     so each source is drawn in proportion to its weight whatever its number of shards.
+    `mix="exact"` (the default with weights) gives each source its exact share of the *samples*
+    (known from sizes.json or `.idx` files): at every point of a worker's stream a source is off
+    its share by less than one of its shards; `mix="random"` draws every shard independently
+    (shares hold only on average). Both are seeded by (seed, epoch, rank, worker) when
+    deterministic.
     """
 
     def __init__(self, urls, nshards=sys.maxsize, seed=0, worker_seed=None, deterministic=False,
-                 max_urls=int(1e6), empty_check=True, weights=None) -> None:
+                 max_urls=int(1e6), empty_check=True, weights=None, mix=None) -> None:
         super().__init__()
         self.urls = expand_source(urls, max_urls)
         if empty_check and len(self.urls) == 0:
             raise ValueError("empty_check=True, but no shards found in ResampledShards")
         assert isinstance(self.urls[0], str)
         self.weights = None if weights is None else _per_shard_weights(urls, weights)
+        self.mix = mix if mix is not None else ("exact" if weights is not None else "random")
+        if self.mix not in ("exact", "random"):
+            raise ValueError(f"mix must be 'exact' or 'random', got {mix!r}")
+        self.sources = _source_of_each_shard(urls) if isinstance(urls, str) else [0] * len(self.urls)
         self.nshards = nshards
         self.worker_seed = utils.pytorch_worker_seed if worker_seed is None else worker_seed
         self.deterministic = deterministic
         self.seed = seed
         self.epoch = -1
+        self._epoch_set: Optional[int] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the next pass for this epoch (else each pass counts as the next epoch)."""
+        self._epoch_set = epoch
 
     def __iter__(self) -> Iterator[dict]:
-        self.epoch += 1
+        self.epoch = self._epoch_set if self._epoch_set is not None else self.epoch + 1
+        if self.mix == "exact":
+            yield from self._exact()
+            return
         if self.deterministic:
             seed = utils.make_seed(self.worker_seed(), self.epoch, self.seed)
         else:
@@ -167,6 +186,21 @@ class ResampledShards(IterableDataset):
         for _ in range(self.nshards):
             index = self.rng.randint(0, len(self.urls) - 1)
             yield dict(url=self.urls[index])
+
+
+    def _exact(self) -> Iterator[dict]:
+        rank, _world, worker, _workers = utils.pytorch_worker_info()
+        seed = int(self.seed) if self.deterministic else utils.make_seed(os.getpid(), time.time_ns(), os.urandom(4))
+        weights = self.weights if self.weights is not None else [1.0] * len(self.urls)
+        shards = [Shard(url, count, weight, source)
+                  for url, count, weight, source in zip(self.urls, known_counts(self.urls), weights, self.sources)]
+        draws = ShardScheduler(shards, SchedulerConfig(seed=seed, mode="resampled")).iter_exact(self.epoch, rank, worker)
+        for piece in itertools.islice(draws, self.nshards):
+            yield dict(url=piece.url)
+
+
+def _source_of_each_shard(spec: str) -> List[int]:
+    return [i for i, part in enumerate(spec.split("::")) for _ in expand_urls(part)]
 
 
 def _per_shard_weights(spec, weights) -> List[float]:

@@ -232,11 +232,11 @@ def test_resampled_with_a_seed_is_reproducible_and_resumable(shardset):
 
 def test_weighted_sources_are_drawn_in_their_proportions(shardset):
     spec = shardset[0] + "::" + "{" + shardset[1] + "," + shardset[2] + "}"
-    shards = wds.ResampledShards(spec, nshards=6000, weights="1::3", seed=7, deterministic=True)
+    shards = wds.ResampledShards(spec, nshards=6000, weights="1::3", seed=7, deterministic=True, mix="random")
     draws = [d["url"] for d in shards]
     share = sum(u == shardset[0] for u in draws) / len(draws)
     assert abs(share - 0.25) < 5 * (0.25 * 0.75 / len(draws)) ** 0.5
-    again = wds.ResampledShards(spec, nshards=6000, weights=[1, 3], seed=7, deterministic=True)
+    again = wds.ResampledShards(spec, nshards=6000, weights=[1, 3], seed=7, deterministic=True, mix="random")
     assert [d["url"] for d in again] == draws
     with pytest.raises(ValueError):
         wds.ResampledShards(spec, weights=[1])
@@ -360,3 +360,44 @@ def test_elastic_resume_refuses_what_it_cannot_do(monkeypatch, uneven_shards):
         shuffled.load_state_dict([state])
     with pytest.raises(wds.UsageError, match="all 2 ranks"):
         _elastic_loader(uneven_shards, 0).load_state_dict([dict(state, positions={})])
+
+
+# -- exact `::` mixing ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mix_sources(tmp_path_factory):
+    """Source a: two shards of 10 samples; source b: one shard of 50; sizes.json beside them."""
+    from shardstream._index import write_sizes
+
+    root = tmp_path_factory.mktemp("mix")
+    a = [write_tar(str(root / f"a-{n}.tar"), [m for i in range(10 * n, 10 * n + 10) for m in sample_members(i, prefix="a", exts=("cls",))]) for n in range(2)]
+    b = [write_tar(str(root / "b-0.tar"), [m for i in range(50) for m in sample_members(i, prefix="b", exts=("cls",))])]
+    write_sizes(str(root / "sizes.json"), {"a-0.tar": 10, "a-1.tar": 10, "b-0.tar": 50})
+    return "{" + ",".join(a) + "}::" + b[0]
+
+
+def test_exact_mix_gives_each_source_its_share_of_samples(mix_sources):
+    def keys(weights, mix=None, seed=1):
+        ds = wds.WebDataset(mix_sources, resampled=True, seed=seed, weights=weights, **({"mix": mix} if mix else {}))
+        return [k for (k,) in ds.to_tuple("__key__").with_epoch(900)]
+
+    for weights, share in (("1::1", 0.5), ("3::1", 0.75)):
+        drawn = keys(weights)
+        assert drawn == keys(weights)  # seeded
+        from_a = 0
+        for n, key in enumerate(drawn, 1):
+            from_a += key.startswith("a")
+            assert -50 <= from_a - share * n <= 10  # ahead by one own shard, behind by one of b's
+    assert keys("1::1", seed=2) != keys("1::1")
+    # random draws hold shares only on average: shard-level draws of 1::1 give b (50 samples
+    # per shard) about 5/7 of the samples instead of 1/2
+    drawn = keys("1::1", mix="random")
+    assert sum(k.startswith("b") for k in drawn) / len(drawn) > 0.6
+
+
+def test_exact_mix_resumes(mix_sources):
+    check_resume(
+        lambda: keyed(wds.WebDataset(mix_sources, resampled=True, seed=4, weights="1::2")).batched(3).with_epoch(40),
+        checkpoints=(0, 5, 17), seeks=True,
+    )

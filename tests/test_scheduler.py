@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import json
 import math
 
@@ -405,3 +406,27 @@ def test_shards_from_sizes():
 def test_all_is_sorted(module):
     assert module.__all__ == sorted(module.__all__)
     assert all(hasattr(module, name) for name in module.__all__)
+
+
+def test_exact_mix_keeps_every_source_within_one_shard_of_its_share():
+    shards = (
+        [Shard(f"a{i}", 7 + i, 1.0, 0) for i in range(5)]  # source 0: weight 5 in all
+        + [Shard(f"b{i}", 40, 2.5, 1) for i in range(2)]  # source 1: weight 5
+        + [Shard("c0", 3, 10.0, 2), Shard("c1", 0, 10.0, 2)]  # source 2: weight 20, one empty shard
+    )
+    scheduler = ShardScheduler(shards, SchedulerConfig(seed=11, mode="resampled"))
+    share = {0: 5 / 30, 1: 5 / 30, 2: 20 / 30}
+    largest = {0: 11, 1: 40, 2: 3}
+    taken = dict.fromkeys(share, 0)
+    total = 0
+    for piece in itertools.islice(scheduler.iter_exact(0, 0, 0), 3000):
+        source = shards[piece.shard_index].source
+        assert piece.count  # empty shards are never drawn
+        taken[source] += piece.count
+        total += piece.count
+        for s in share:
+            excess = taken[s] - share[s] * total
+            assert -sum(v for r, v in largest.items() if r != s) - 1e-9 <= excess <= largest[s] + 1e-9
+    again = [p.url for p in itertools.islice(scheduler.iter_exact(0, 0, 0), 50)]
+    other = [p.url for p in itertools.islice(scheduler.iter_exact(0, 0, 1), 50)]
+    assert again == [p.url for p in itertools.islice(scheduler.iter_exact(0, 0, 0), 50)] and again != other
