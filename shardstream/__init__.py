@@ -31,6 +31,7 @@ from ._fetch import FetchOptions
 from ._open import allow_pipe
 from ._samples import TarShardSamples
 from ._shim import install_as_webdataset
+from ._stages import clean_cut
 from ._stats import PipelineStats
 from ._tar import TarMember, TarReader
 from .autodecode import (
@@ -143,6 +144,7 @@ __all__ = [
     "autodecode",
     "batched",
     "cache",
+    "clean_cut",
     "compat",
     "decode",
     "detshuffle",

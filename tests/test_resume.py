@@ -55,7 +55,14 @@ def keyed(wds_dataset):
     return wds_dataset.to_tuple("__key__", "__url__")
 
 
+@wds.clean_cut
+def _lowercase_keys(src):
+    for key, url in src:
+        yield key.lower(), url
+
+
 STAGES = {
+    "custom_clean_stage": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)).compose(_lowercase_keys),
     "source": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)),
     "decode_map": lambda s: wds.WebDataset(s, shardshuffle=False).decode().to_tuple("__key__", "cls", handler=wds.ignore_and_continue),
     "shard_shuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=3, seed=5)),
@@ -74,7 +81,7 @@ STAGES = {
 
 
 # Resumed by position (seek), not by replaying the epoch: a shard reader followed by clean cuts.
-SEEKABLE = {"source", "decode_map", "shard_shuffle", "detshuffle", "partial_batches", "equal_split_rank1"}
+SEEKABLE = {"source", "custom_clean_stage", "decode_map", "shard_shuffle", "detshuffle", "partial_batches", "equal_split_rank1"}
 
 
 @pytest.mark.parametrize("name", sorted(STAGES))
