@@ -87,6 +87,7 @@ from .mix import RandomMix, RoundRobin
 from .pipeline import DataPipeline, gather_states
 from .prefetch import DevicePrefetcher
 from .shardlists import (
+    EqualSplit,
     MultiShardSample,
     ResampledShards,
     SimpleShardList,
@@ -111,6 +112,7 @@ __all__ = [
     "DecodingError",
     "DevicePrefetcher",
     "EngineConfig",
+    "EqualSplit",
     "FetchError",
     "FetchOptions",
     "FetchTimeout",

@@ -18,13 +18,14 @@ from . import utils
 from ._counts import known_counts
 from ._listing import expand_listings
 from ._scheduler import SchedulerConfig, Shard, ShardScheduler
-from ._split import WORKER_SPLIT
+from ._split import WORKER_SPLIT, EqualSplit
 from ._torch import IterableDataset
 from ._urls import envsubst, expand_urls
 from .filters import pipelinefilter
 from .utils import is_iterable
 
 __all__ = [
+    "EqualSplit",
     "MSSource",
     "MultiShardSample",
     "ResampledShardList",

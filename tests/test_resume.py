@@ -408,3 +408,16 @@ def test_exact_mix_resumes(mix_sources):
         lambda: keyed(wds.WebDataset(mix_sources, resampled=True, seed=4, weights="1::2")).batched(3).with_epoch(40),
         checkpoints=(0, 5, 17), seeks=True,
     )
+
+
+@pytest.mark.parametrize("remainder,each", [("drop", 136 // 3), ("wrap", -(-136 // 3))])
+def test_remainder_policy(monkeypatch, uneven_shards, remainder, each):
+    keys = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        splitter = wds.EqualSplit(seed=5, remainder=remainder)
+        got = [k for (k,) in wds.WebDataset(uneven_shards, shardshuffle=False, nodesplitter=splitter).to_tuple("__key__")]
+        assert len(got) == each
+        keys += got
+    assert len(set(keys)) == min(len(keys), 136)
