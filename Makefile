@@ -25,6 +25,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/resume.py
 
 clean:
 	rm -rf $(VENV) demo-data benchmarks/out
