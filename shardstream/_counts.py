@@ -8,6 +8,7 @@ keyed by size and mtime so an edited shard is counted again). Run `shardstream i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from typing import Dict, List, Optional, Tuple
@@ -17,7 +18,9 @@ from ._open import iter_chunks, local_path_of
 
 __all__ = ["known_counts", "sample_counts"]
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
+_warned = False
 _scanned: Dict[Tuple[str, Optional[Tuple[int, float]]], int] = {}
 _sizes_files: Dict[str, Optional[Dict[str, int]]] = {}
 
@@ -60,6 +63,13 @@ def _count_one(url: str, scan: bool = True) -> Optional[int]:
     with _lock:
         if key in _scanned:
             return _scanned[key]
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(
+            "shardstream: counting the samples of %s by reading it (no sizes.json or .idx beside it); "
+            "`shardstream index` writes them once for the whole dataset", url
+        )
     count = scan_shard(url, iter_chunks(url)).count
     with _lock:
         _scanned[key] = count

@@ -117,6 +117,9 @@ class EqualSplit(PipelineStage):
         self.epoch: Optional[int] = None
         self.passes = 0
         self.history: Optional[List[Mapping[str, Any]]] = None  # the next pass resumes from these states
+        # Sample counts by URL, kept on the stage: a loader fills it in the main process before
+        # starting its workers, so they get it with the dataset instead of each counting again.
+        self.counts: Dict[str, int] = {}
 
     def set_epoch(self, epoch: int) -> None:
         """Use this epoch number for the next passes (else each pass counts as a new epoch)."""
@@ -130,7 +133,7 @@ class EqualSplit(PipelineStage):
         urls = [source_url(item, False)[0] for item in src]
         if not urls:
             return
-        shards = [Shard(url, count) for url, count in zip(urls, sample_counts(urls))]
+        shards = [Shard(url, count) for url, count in zip(urls, self.count(urls))]
         scheduler = ShardScheduler(shards, self.config)
         if history:
             plan = scheduler.resume_plan(resume_state(scheduler, history), rank, world, worker, workers)
@@ -138,6 +141,13 @@ class EqualSplit(PipelineStage):
             plan = scheduler.plan(epoch, rank, world, worker, workers)
         for piece in _pieces(plan):
             yield {"url": piece.url, "start": piece.start, "stop": piece.stop, WORKER_SPLIT: True}
+
+    def count(self, urls: List[str]) -> List[int]:
+        """The shards' sample counts (sizes.json, .idx, else a counting pass), kept on the stage."""
+        missing = [url for url in dict.fromkeys(urls) if url not in self.counts]
+        if missing:
+            self.counts.update(zip(missing, sample_counts(missing)))
+        return [self.counts[url] for url in urls]
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         return self.run(src)

@@ -307,6 +307,8 @@ class WebLoader(DataPipeline, FluidInterface):
             yield from ready()
 
     def iterator1(self, position=None, track=False):
+        if isinstance(self._dataset, DataPipeline) and getattr(self.pipeline[0], "num_workers", 0) > 0:
+            self._dataset.count_samples()  # once here, not in every worker
         it = super().iterator1(position, track)
         if isinstance(self._dataset, DataPipeline):
             self._dataset._resume = None  # the workers have their copy of the resume point

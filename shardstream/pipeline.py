@@ -303,6 +303,18 @@ class DataPipeline(IterableDataset, PipelineStage):
     def _equal_split(self) -> Optional[EqualSplit]:
         return next((s for s in self.pipeline if isinstance(s, EqualSplit)), None)
 
+    def count_samples(self) -> None:
+        """Count the samples of this pipeline's shards now, in this process (for the equal-work
+        splitter; WebLoader calls it before starting workers, so they do not each count)."""
+        split = self._equal_split()
+        if split is None:
+            return
+        index = self.pipeline.index(split)
+        items = self.invoke(self.pipeline[0])
+        for stage in self.pipeline[1:index]:
+            items = self.invoke(stage, items)
+        split.count([item["url"] if isinstance(item, dict) else item for item in items])
+
     def _elastic(self, history: List[Dict[str, Any]]) -> Dict[str, Any]:
         """The resume state that finishes the saved epoch on this (new) layout."""
         split = self._equal_split()

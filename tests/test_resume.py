@@ -421,3 +421,30 @@ def test_remainder_policy(monkeypatch, uneven_shards, remainder, each):
         assert len(got) == each
         keys += got
     assert len(set(keys)) == min(len(keys), 136)
+
+
+def test_loader_counts_samples_once_not_in_every_worker(monkeypatch, uneven_shards, tmp_path):
+    """Without sizes.json or .idx, the counting pass runs in the main process; the workers get
+    the counts with the dataset instead of each reading every shard."""
+    import shardstream._counts as counts
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    log = tmp_path / "scans.txt"
+    real = counts.scan_shard
+
+    def scan(url, chunks):  # appends from any process
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {url}\n")
+        return real(url, chunks)
+
+    monkeypatch.setattr(counts, "scan_shard", scan)
+    monkeypatch.setattr(counts, "_scanned", {})
+    loader = _elastic_loader(uneven_shards, 2)
+    assert len(_keys(list(loader))) == 68
+    lines = log.read_text().split("\n")[:-1]
+    assert sorted(line.split(" ", 1)[1] for line in lines) == sorted(uneven_shards)  # once each
+    assert {line.split(" ")[0] for line in lines} == {str(os.getpid())}  # in this process
+    log.write_text("")
+    counts._scanned.clear()
+    assert len(_keys(list(loader))) == 68 and log.read_text() == ""  # kept on the stage
