@@ -6,13 +6,28 @@ no DataLoader worker.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import sys
-from typing import Tuple
+from typing import Iterator, Optional, Tuple
 
 from ._torch import worker_info
 
-__all__ = ["pytorch_worker_info", "pytorch_worker_seed"]
+__all__ = ["pytorch_worker_info", "pytorch_worker_seed", "simulated_layout"]
+
+_SIMULATED: contextvars.ContextVar[Optional[Tuple[int, int, int, int]]] = contextvars.ContextVar("layout", default=None)
+
+
+@contextlib.contextmanager
+def simulated_layout(rank: int, world_size: int, worker: int, num_workers: int) -> Iterator[None]:
+    """Within this block (this thread only), pytorch_worker_info() reports the given layout:
+    how a resume recomputes what another rank's worker did."""
+    token = _SIMULATED.set((rank, world_size, worker, num_workers))
+    try:
+        yield
+    finally:
+        _SIMULATED.reset(token)
 
 
 def pytorch_worker_info(group=None) -> Tuple[int, int, int, int]:
@@ -21,6 +36,9 @@ def pytorch_worker_info(group=None) -> Tuple[int, int, int, int]:
     torch is consulted only if something imported it: without torch there is no process group
     and no DataLoader worker.
     """
+    simulated = _SIMULATED.get()
+    if simulated is not None:
+        return simulated
     rank, world_size, worker, num_workers = 0, 1, 0, 1
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         rank = int(os.environ["RANK"])

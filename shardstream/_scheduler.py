@@ -359,11 +359,24 @@ class ShardScheduler:
             start, stop = part_bounds(per_rank, num_workers, worker)
             planned = self._resampled_plan(state.epoch, rank, worker, stop - start, state.generation)
             return _skip(planned, done)
+        return self._slices(state.epoch, self._part(state, rank, world_size, worker, num_workers))
+
+    def part_ranges(
+        self, state: SchedulerState, rank: int, world_size: int, worker: int = 0, num_workers: int = 1
+    ) -> List[Range]:
+        """split mode: the epoch positions `resume_plan` gives this worker, as ranges."""
+        _check_layout(rank, world_size, worker, num_workers)
+        if self.config.mode == "resampled":
+            raise UsageError("part_ranges applies to split mode")
+        return self._part(self.rebase(state, world_size, num_workers), rank, world_size, worker, num_workers)
+
+    def _part(self, state: SchedulerState, rank: int, world_size: int, worker: int, num_workers: int) -> List[Range]:
+        done = state.delivered[rank][worker]
         share = rank_share(state, rank, self._per_rank(world_size))
         start, stop = part_bounds(ranges_length(share), num_workers, worker)
         if done > stop - start:
             raise UsageError(f"rank {rank} worker {worker} delivered {done} of a {stop - start}-sample part")
-        return self._slices(state.epoch, take_ranges(share, start + done, stop))
+        return take_ranges(share, start + done, stop)
 
     # -- resume state (the stage contract) --------------------------------------------------
 

@@ -16,12 +16,24 @@ epoch can be finished on another world size or worker count (`ShardScheduler.res
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from ._counts import sample_counts
 from ._errors import UsageError
 from ._ranks import pytorch_worker_info
 from ._samples import source_url
+from ._schedule_resume import merge_ranges, ranges_length, take_ranges
 from ._scheduler import SchedulerConfig, SchedulerState, Shard, ShardScheduler, Slice
 from ._stages import PipelineStage
 
@@ -58,13 +70,24 @@ def check_history(history: Sequence[Mapping[str, Any]]) -> Dict[int, Mapping[str
     return by_rank
 
 
-def resume_state(scheduler: ShardScheduler, history: Sequence[Mapping[str, Any]]) -> SchedulerState:
+Replay = Callable[[int, int, int, int, int, int, int], List[int]]
+
+
+def resume_state(
+    scheduler: ShardScheduler, history: Sequence[Mapping[str, Any]], replay: Optional[Replay] = None
+) -> SchedulerState:
     """The scheduler state at a checkpoint, from every rank's saved loader state.
 
     Each state has "epoch", "layout" {rank, world_size, num_workers}, "per_worker" (items
-    delivered), "positions" (per worker: [pass, slice, sample, offset] of its last item) and
-    "split" (the history its own epoch was resumed from, or None). Delivered samples per worker
-    are the samples of the slices it finished plus the samples read of the current one.
+    delivered), "positions" (per worker, of its last item) and "split" (the history its own
+    epoch was resumed from, or None). The result assigns each old rank exactly the samples none
+    of its workers had delivered, so `resume_plan` on any layout shares out just those.
+
+    A seek position [pass, slice, sample, offset] means the worker delivered the samples of the
+    slices it finished plus `sample` of the current one. A count position [pass, n] means the
+    samples its shuffle buffer (the pipeline's pivot) had handed on: `replay(epoch, rank,
+    world_size, worker, num_workers, length, n)` gives their offsets in the worker's part by
+    running the same seeded buffer over the offsets 0..length-1.
     """
     by_rank = check_history(history)
     first = history[0]
@@ -72,31 +95,46 @@ def resume_state(scheduler: ShardScheduler, history: Sequence[Mapping[str, Any]]
     epoch = int(first.get("epoch") or 0)
     previous = first.get("split")
     origin = (
-        scheduler.rebase(resume_state(scheduler, previous), world, workers) if previous
+        scheduler.rebase(resume_state(scheduler, previous, replay), world, workers) if previous
         else scheduler.fresh_state(epoch, world, workers)
     )
-    rows = []
+    assigned = []
     for rank in range(world):
-        state, row = by_rank[rank], []
+        state, left = by_rank[rank], []
         for worker in range(workers):
-            position = (state.get("positions") or {}).get(str(worker))
-            if position is None:
-                if (state.get("per_worker") or {}).get(str(worker), 0):
-                    raise UsageError(
-                        "resuming on a new layout needs resume positions, and this pipeline has none: a "
-                        "stage after the shard reader holds samples back (a sample shuffle buffer, "
-                        "unbatched, a custom generator). Resume on the same layout (it replays), or "
-                        "shuffle shards instead of samples."
-                    )
-                row.append(0)
-                continue
-            passes, item, sample = int(position[0]), int(position[1]), int(position[2])
-            if passes:
-                raise UsageError("resuming on a new layout is not supported after with_epoch/repeat passes")
-            pieces = _pieces(scheduler.resume_plan(origin, rank, world, worker, workers))
-            row.append(sum(p.count or 0 for p in pieces[:item]) + sample)
-        rows.append(row)
-    return dataclasses.replace(origin, delivered=rows)
+            part = scheduler.part_ranges(origin, rank, world, worker, workers)
+            left.extend(_undelivered(scheduler, origin, state, epoch, rank, world, worker, workers, part, replay))
+        assigned.append(merge_ranges(left))
+    fresh = SchedulerState.fresh(epoch, world, workers, shards=origin.shards, samples=origin.samples)
+    return dataclasses.replace(fresh, assigned=assigned, generation=origin.generation)
+
+
+def _undelivered(scheduler, origin, state, epoch, rank, world, worker, workers, part, replay) -> List[Tuple[int, int]]:
+    """The epoch positions of `part` (a worker's) that its saved position says it had not delivered."""
+    length = ranges_length(part)
+    position = (state.get("positions") or {}).get(str(worker))
+    if position is None:
+        if (state.get("per_worker") or {}).get(str(worker), 0):
+            raise UsageError("resuming on a new layout needs resume positions, and this state has none")
+        return part
+    if int(position[0]):
+        raise UsageError("resuming on a new layout is not supported after with_epoch/repeat passes")
+    if len(position) == 4:  # seek: a prefix of the part
+        pieces = _pieces(scheduler.resume_plan(origin, rank, world, worker, workers))
+        done = sum(p.count or 0 for p in pieces[: int(position[1])]) + int(position[2])
+        return take_ranges(part, done, length)
+    if replay is None:
+        raise UsageError("resuming on a new layout with a count position needs the pipeline's seeded shuffle")
+    delivered = set(replay(epoch, rank, world, worker, workers, length, int(position[1])))
+    result: List[Tuple[int, int]] = []
+    start = None
+    for offset in range(length + 1):
+        if offset < length and offset not in delivered:
+            start = offset if start is None else start
+        elif start is not None:
+            result.extend(take_ranges(part, start, offset))
+            start = None
+    return result
 
 
 class EqualSplit(PipelineStage):
@@ -117,6 +155,7 @@ class EqualSplit(PipelineStage):
         self.epoch: Optional[int] = None
         self.passes = 0
         self.history: Optional[List[Mapping[str, Any]]] = None  # the next pass resumes from these states
+        self.replay: Optional[Replay] = None  # recomputes count positions (see resume_state)
         # Sample counts by URL, kept on the stage: a loader fills it in the main process before
         # starting its workers, so they get it with the dataset instead of each counting again.
         self.counts: Dict[str, int] = {}
@@ -136,7 +175,7 @@ class EqualSplit(PipelineStage):
         shards = [Shard(url, count) for url, count in zip(urls, self.count(urls))]
         scheduler = ShardScheduler(shards, self.config)
         if history:
-            plan = scheduler.resume_plan(resume_state(scheduler, history), rank, world, worker, workers)
+            plan = scheduler.resume_plan(resume_state(scheduler, history, self.replay), rank, world, worker, workers)
         else:
             plan = scheduler.plan(epoch, rank, world, worker, workers)
         for piece in _pieces(plan):

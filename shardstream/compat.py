@@ -180,6 +180,10 @@ class WebDataset(DataPipeline, FluidInterface):
             self.append(nodesplitter)
         if workersplitter:
             self.append(workersplitter)
+        # A shard shuffle seeded at random in this process cannot be repeated by a resumed one.
+        self._unseeded_shard_shuffle = bool(shardshuffle) and self.sample_seed is None and not isinstance(
+            nodesplitter, EqualSplit
+        ) and mode != "resampled"
         if shardshuffle is not None and not isinstance(nodesplitter, EqualSplit):  # it shuffles itself
             if detshuffle:
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
@@ -345,6 +349,7 @@ class WebLoader(DataPipeline, FluidInterface):
         own, history = choose_state(state, self._dataset._layout(self._workers()))
         state = own if own is not None else self._dataset._elastic(history)
         self._dataset._load(state)
+        self._dataset._warn_unseeded()
         self._loader_split = state.get("split")
         self._resume_counts = {int(k): v for k, v in state.get("per_worker", {}).items()}
         self._resume_positions = {int(k): v for k, v in (state.get("positions") or {}).items()}

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
 from ._errors import UsageError
 from ._positions import compose, pivot_wrapper, resume_pivot
-from ._ranks import pytorch_worker_info
+from ._ranks import pytorch_worker_info, simulated_layout
 from ._split import EqualSplit, check_history
-from ._stages import PipelineStage
+from ._stages import PipelineStage, StreamStage
 from ._stats import PipelineStats
+from ._stream_filters import _shuffle
 from ._torch import IterableDataset, is_dataloader, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
@@ -85,6 +88,27 @@ def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, An
     result: List[Any] = [None] * dist.get_world_size(group=group)
     dist.all_gather_object(result, state, group=group)
     return result
+
+
+def replayable(stage: Any) -> bool:
+    """Whether a shuffle stage gives the same order when run again on the same items (seeded)."""
+    if getattr(stage, "replayable", False):
+        return True
+    return (
+        isinstance(stage, StreamStage) and stage.f is _shuffle
+        and stage.kw.get("seed") is not None and stage.kw.get("rng") is None and len(stage.args) < 3
+    )
+
+
+def _replay_offsets(stage: Any, epoch: int, rank: int, world: int, worker: int, workers: int,
+                    length: int, count: int) -> List[int]:
+    """The first `count` outputs of a fresh copy of `stage` fed 0..length-1 as (rank, worker)."""
+    stage = copy.copy(stage)
+    if hasattr(stage, "set_epoch"):
+        stage.set_epoch(epoch)
+    with simulated_layout(rank, world, worker, workers):
+        run = stage.run if isinstance(stage, PipelineStage) else stage
+        return list(itertools.islice(run(iter(range(length))), count))
 
 
 class PipelineIterator:
@@ -288,6 +312,23 @@ class DataPipeline(IterableDataset, PipelineStage):
         replayed and the items delivered before the checkpoint are skipped."""
         own, history = choose_state(state, self._layout(1))
         self._load(own if own is not None else self._elastic(history))
+        self._warn_unseeded()
+
+    def _warn_unseeded(self) -> None:
+        unseeded = [
+            "sample shuffle" for s in self.pipeline
+            if isinstance(s, StreamStage) and s.f is _shuffle and s.kw.get("seed") is None
+            and s.kw.get("rng") is None and len(s.args) < 3
+        ]
+        if getattr(self, "_unseeded_shard_shuffle", False):
+            unseeded.insert(0, "shard shuffle")
+        if unseeded:
+            warnings.warn(
+                f"resuming a pipeline with an unseeded {' and '.join(unseeded)}: the resumed epoch does "
+                "not continue the saved one exactly (samples may repeat or be missed); seed it "
+                "(WebDataset(seed=...), WDS_SEED, shuffle(n, seed=...))",
+                stacklevel=3,
+            )
 
     def _load(self, state: Dict[str, Any]) -> None:
         if state.get("epoch") is not None:
@@ -320,17 +361,31 @@ class DataPipeline(IterableDataset, PipelineStage):
         split = self._equal_split()
         if split is None:
             raise UsageError("resuming on another world size or worker count needs split_by_node (the equal-work splitter)")
-        stages = [s for s in self.pipeline if not getattr(s, "skip_on_resume", False)]
-        index, kind = resume_pivot(stages)
-        between = stages[stages.index(split) + 1 : index] if kind == "seek" else None
-        if between is None or any(s is not split_by_worker for s in between):
-            raise UsageError(
-                "resuming on another layout needs shards read in the splitter's order, followed by clean-cut "
-                "stages only (maps, filters, batching): no shard or sample shuffle after split_by_node"
-            )
+        self._pivot_replay()  # raises when the pipeline's order cannot be recomputed
         check_history(history)
         return {"epoch": history[0].get("epoch"), "split": list(history), "delivered": 0, "position": None,
                 "per_worker": {}, "positions": {}}
+
+    def _pivot_replay(self) -> Optional[Callable[..., List[int]]]:
+        """For an elastic resume: None when positions are seeks; for count positions, a function
+        recomputing which offsets of a worker's part its shuffle buffer had handed on."""
+        split = self._equal_split()
+        stages = [s for s in self.pipeline if not getattr(s, "skip_on_resume", False)]
+        index, kind = resume_pivot(stages)
+        source = next((i for i, s in enumerate(stages) if getattr(s, "seekable_source", False)), None)
+        ordered = source is not None and split is not None and all(
+            s is split_by_worker for s in stages[stages.index(split) + 1 : source]
+        )
+        if ordered and kind == "seek":
+            return None
+        if ordered and kind == "count" and index == source + 1 and replayable(stages[index]):
+            return functools.partial(_replay_offsets, stages[index])
+        raise UsageError(
+            "resuming on another world size or worker count needs shards read in the splitter's order "
+            "(no shard shuffle after split_by_node) and, after the shard reader, either clean-cut stages "
+            "only (maps, filters, batching) or one seeded sample shuffle right after it followed by "
+            "clean-cut stages; resume on the same layout instead (exact for any deterministic pipeline)"
+        )
 
     def close(self) -> None:
         for step in self.pipeline:
@@ -396,6 +451,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             split = self._equal_split()
             if split is not None:  # plans (and so positions) derive from the states resumed from
                 split.history = self._resume.get("split")
+                split.replay = self._pivot_replay() if split.history else None
             self._resume = None
         else:
             self._split_history = None  # a fresh epoch

@@ -285,8 +285,11 @@ def uneven_shards(tmp_path_factory):
     return shards
 
 
-def _elastic_loader(shards, workers):
-    ds = wds.WebDataset(shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).to_tuple("__key__").batched(4)
+def _elastic_loader(shards, workers, shuffle=0):
+    ds = wds.WebDataset(shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node)
+    if shuffle:
+        ds = ds.shuffle(shuffle)  # seeded by (seed, epoch, rank, worker): elastic resume recomputes it
+    ds = ds.to_tuple("__key__").batched(4)
     return wds.WebLoader(ds, batch_size=None, num_workers=workers)
 
 
@@ -313,9 +316,10 @@ def _run_ranks(monkeypatch, world, workers, build, take=None, load=None):
     return keys, states
 
 
+@pytest.mark.parametrize("shuffle", [0, 10])
 @pytest.mark.parametrize("new_world,new_workers", [(3, 1), (1, 3), (2, 1), (4, 2)])
-def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world, new_workers):
-    build = lambda workers: _elastic_loader(uneven_shards, workers)  # noqa: E731
+def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world, new_workers, shuffle):
+    build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle)  # noqa: E731
     full, _ = _run_ranks(monkeypatch, 2, 2, build)
     epoch = {k for rank in full for k in rank}
     assert len(epoch) == 136
@@ -323,6 +327,7 @@ def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world
     before, states = _run_ranks(monkeypatch, 2, 2, build, take=lambda rank: 5)
     assert [len(k) for k in before] == [20, 20]
     assert all(s["positions"] for s in states)
+    assert all(len(p) == (2 if shuffle else 4) for s in states for p in s["positions"].values())
     after, resumed_states = _run_ranks(monkeypatch, new_world, new_workers, build, load=states)
     delivered = [k for rank in before + after for k in rank]
     assert len(delivered) == len(set(delivered)), "a sample was repeated"
@@ -339,9 +344,10 @@ def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world
     assert len(_keys(list(loader))) == 136 // new_world
 
 
-def test_elastic_resume_twice(monkeypatch, uneven_shards):
+@pytest.mark.parametrize("shuffle", [0, 10])
+def test_elastic_resume_twice(monkeypatch, uneven_shards, shuffle):
     """2x2 -> 3x1 mid-epoch -> 2x2 again: still no sample twice, only remainders dropped."""
-    build = lambda workers: _elastic_loader(uneven_shards, workers)  # noqa: E731
+    build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle)  # noqa: E731
     before, states = _run_ranks(monkeypatch, 2, 2, build, take=lambda rank: 2)
     middle, states2 = _run_ranks(monkeypatch, 3, 1, build, take=lambda rank: 3, load=states)
     after, _ = _run_ranks(monkeypatch, 2, 2, build, load=states2)
@@ -355,8 +361,8 @@ def test_elastic_resume_twice(monkeypatch, uneven_shards):
 def test_elastic_resume_refuses_what_it_cannot_do(monkeypatch, uneven_shards):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    shuffled = wds.WebLoader(
-        wds.WebDataset(uneven_shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).shuffle(10).to_tuple("__key__"),
+    shuffled = wds.WebLoader(  # an unseeded sample shuffle: its order cannot be recomputed
+        wds.WebDataset(uneven_shards, shardshuffle=True, nodesplitter=wds.split_by_node).shuffle(10).to_tuple("__key__"),
         batch_size=None, num_workers=0,
     )
     it = iter(shuffled)
@@ -448,3 +454,16 @@ def test_loader_counts_samples_once_not_in_every_worker(monkeypatch, uneven_shar
     log.write_text("")
     counts._scanned.clear()
     assert len(_keys(list(loader))) == 68 and log.read_text() == ""  # kept on the stage
+
+
+def test_resuming_an_unseeded_pipeline_warns(shardset):
+    state = keyed(wds.WebDataset(shardset, shardshuffle=False)).state_dict()
+    for build in (
+        lambda: keyed(wds.WebDataset(shardset, shardshuffle=False).shuffle(10)),
+        lambda: keyed(wds.WebDataset(shardset, shardshuffle=10)),
+    ):
+        with pytest.warns(UserWarning, match="unseeded"):
+            build().load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keyed(wds.WebDataset(shardset, shardshuffle=10, seed=1).shuffle(10)).load_state_dict(state)
