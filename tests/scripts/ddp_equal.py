@@ -3,8 +3,8 @@ DataLoader workers and takes part in an all_reduce every step. Writes one JSON p
 
 Usage: ddp_equal.py OUT_DIR SHARD... [--stop-after N] [--resume STATE_JSON] [--elastic]
 
---elastic: no sample shuffle (resume positions are exact), states gathered from all ranks with
-wds.gather_states, so the run can be resumed on another number of ranks.
+--elastic: states gathered from all ranks with wds.gather_states, so the run can be resumed on
+another number of ranks.
 """
 
 import argparse
@@ -32,10 +32,12 @@ def main():
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    dataset = wds.WebDataset(args.shards, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node)
-    if not args.elastic:
-        dataset = dataset.shuffle(16)  # seeded from (seed, epoch, rank, worker): resume replays it
-    dataset = dataset.to_tuple("__key__", "cls").batched(4)
+    dataset = (
+        wds.WebDataset(args.shards, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node)
+        .shuffle(16)  # seeded from (seed, epoch, rank, worker): a resume recomputes its buffer
+        .to_tuple("__key__", "cls")
+        .batched(4)
+    )
     dataset.set_epoch(args.epoch)
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
     if args.resume:
