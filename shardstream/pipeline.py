@@ -351,9 +351,10 @@ class DataPipeline(IterableDataset, PipelineStage):
         if split is None:
             return
         index = self.pipeline.index(split)
-        items = self.invoke(self.pipeline[0])
+        # Copies: stages such as detshuffle count their passes, and this pass is not one.
+        items = self.invoke(copy.copy(self.pipeline[0]))
         for stage in self.pipeline[1:index]:
-            items = self.invoke(stage, items)
+            items = self.invoke(copy.copy(stage), items)
         split.count([item["url"] if isinstance(item, dict) else item for item in items])
 
     def _elastic(self, history: List[Dict[str, Any]]) -> Dict[str, Any]:
