@@ -467,3 +467,20 @@ def test_resuming_an_unseeded_pipeline_warns(shardset):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         keyed(wds.WebDataset(shardset, shardshuffle=10, seed=1).shuffle(10)).load_state_dict(state)
+
+
+def test_counting_in_the_main_process_does_not_advance_shard_shuffles(monkeypatch, uneven_shards):
+    """OpenCLIP's shape: shard shuffle before split_by_node; the main process counts samples
+    before the workers start, and the workers must still see the epoch's shard order."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def keys(workers):
+        ds = wds.DataPipeline(
+            wds.SimpleShardList(uneven_shards), wds.detshuffle(10, seed=5), wds.split_by_node, wds.split_by_worker,
+            wds.tarfile_to_samples(), wds.to_tuple("__key__"),
+        )
+        ds.set_epoch(1)
+        return sorted(k for (k,) in wds.WebLoader(ds, batch_size=None, num_workers=workers))
+
+    assert keys(2) == keys(0)
