@@ -268,6 +268,9 @@ class WebLoader(DataPipeline, FluidInterface):
         self._resume_counts: Optional[Dict[int, int]] = None
         self._resume_positions: Dict[int, Any] = {}
         self._loader_split: Optional[List[Dict[str, Any]]] = None
+        self._auto_epoch = 0  # the epoch the next iteration gets unless set_epoch was called
+        self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
+        self._user_epoch = False
         super().__init__(DataLoader(*args, **kw), self._untag)
 
     def _untag(self, src):
@@ -312,6 +315,13 @@ class WebLoader(DataPipeline, FluidInterface):
 
     def iterator1(self, position=None, track=False):
         if isinstance(self._dataset, DataPipeline) and getattr(self.pipeline[0], "num_workers", 0) > 0:
+            # Workers get a fresh copy of the dataset every epoch, so its stages' own pass
+            # counters would start at 0 each time: number the epochs here instead, unless the
+            # epoch was set by hand (on the loader or on the dataset).
+            if not self._user_epoch and self._dataset.epoch in (None, self._auto_set):
+                self._dataset.set_epoch(self._auto_epoch)
+                self._auto_set = self._auto_epoch
+                self._auto_epoch += 1
             self._dataset.count_samples()  # once here, not in every worker
         it = super().iterator1(position, track)
         if isinstance(self._dataset, DataPipeline):
@@ -319,8 +329,10 @@ class WebLoader(DataPipeline, FluidInterface):
         return it
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the dataset's epoch (new DataLoader workers pick it up)."""
+        """Set the dataset's epoch (new DataLoader workers pick it up). Without it, each
+        iteration of the loader is the next epoch (0, 1, ...)."""
         self.epoch = epoch
+        self._user_epoch = True
         if isinstance(self._dataset, DataPipeline):
             self._dataset.set_epoch(epoch)
 
@@ -350,6 +362,8 @@ class WebLoader(DataPipeline, FluidInterface):
         state = own if own is not None else self._dataset._elastic(history)
         self._dataset._load(state)
         self._dataset._warn_unseeded()
+        if state.get("epoch") is not None:
+            self._auto_epoch = self._auto_set = int(state["epoch"])  # the resumed epoch runs next
         self._loader_split = state.get("split")
         self._resume_counts = {int(k): v for k, v in state.get("per_worker", {}).items()}
         self._resume_positions = {int(k): v for k, v in (state.get("positions") or {}).items()}

@@ -484,3 +484,33 @@ def test_counting_in_the_main_process_does_not_advance_shard_shuffles(monkeypatc
         return sorted(k for (k,) in wds.WebLoader(ds, batch_size=None, num_workers=workers))
 
     assert keys(2) == keys(0)
+
+
+def test_webloader_epochs_advance_without_set_epoch(monkeypatch, uneven_shards):
+    """DataLoader workers get a fresh dataset copy every epoch; the loader numbers the epochs so
+    shard order and seeded sample shuffles still change, exactly as with set_epoch(0), (1), ..."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    auto = _elastic_loader(uneven_shards, 2, shuffle=10)
+    first, second = _keys(list(auto)), _keys(list(auto))
+    assert first != second and sorted(first) != sorted(second)  # a new split of the shards too
+    explicit = _elastic_loader(uneven_shards, 2, shuffle=10)
+    explicit.set_epoch(1)
+    assert _keys(list(explicit)) == second
+    # a state saved in the second epoch records it, and a new process resumes in it
+    loader = _elastic_loader(uneven_shards, 2, shuffle=10)
+    list(loader)
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    assert state["epoch"] == 1
+    del it
+    resumed = _elastic_loader(uneven_shards, 2, shuffle=10)
+    resumed.load_state_dict(state)
+    assert _keys(head) + _keys(list(resumed)) == second
+    assert _keys(list(resumed)) == _keys(list(_set_epoch(_elastic_loader(uneven_shards, 2, shuffle=10), 2)))
+
+
+def _set_epoch(loader, epoch):
+    loader.set_epoch(epoch)
+    return loader
