@@ -8,9 +8,9 @@ leftover samples of an epoch are dropped by default), its DataLoader workers spl
 and the shard order is reshuffled every epoch, identically on all ranks.
 
 Resume: a loader's saved state holds, per DataLoader worker, the resume position of the last
-item delivered: (pass, slice index, samples into that slice, byte offset). With every rank's
-state (`history`), `resume_state` turns those into the scheduler's delivered counts, so the
-epoch can be finished on another world size or worker count (`ShardScheduler.resume_plan`).
+item delivered (see `_positions`). With every rank's state (`history`), `resume_state` turns
+those into the samples each old rank had not delivered, so the epoch can be finished on another
+world size or worker count (`ShardScheduler.resume_plan` shares them out).
 """
 
 from __future__ import annotations
