@@ -313,7 +313,7 @@ class WebLoader(DataPipeline, FluidInterface):
                 pending[item.worker][item.count] = item
             yield from ready()
 
-    def iterator1(self, position=None, track=False):
+    def iterator1(self, position=None, track=False, resumed=False):
         if isinstance(self._dataset, DataPipeline) and getattr(self.pipeline[0], "num_workers", 0) > 0:
             # Workers get a fresh copy of the dataset every epoch, so its stages' own pass
             # counters would start at 0 each time: number the epochs here instead, unless the
@@ -323,7 +323,7 @@ class WebLoader(DataPipeline, FluidInterface):
                 self._auto_set = self._auto_epoch
                 self._auto_epoch += 1
             self._dataset.count_samples()  # once here, not in every worker
-        it = super().iterator1(position, track)
+        it = super().iterator1(position, track, resumed)
         if isinstance(self._dataset, DataPipeline):
             self._dataset._resume = None  # the workers have their copy of the resume point
         return it

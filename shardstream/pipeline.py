@@ -119,7 +119,7 @@ class PipelineIterator:
 
     def __init__(
         self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int], skip: int = 0, tag: Optional[int] = None,
-        seek: Optional[Sequence[Any]] = None, track: bool = False,
+        seek: Optional[Sequence[Any]] = None, track: bool = False, resumed: bool = False,
     ) -> None:
         self._pipeline = pipeline
         self._skip = skip  # items of a resumed epoch already delivered before the checkpoint
@@ -134,6 +134,7 @@ class PipelineIterator:
         self._track = track or seek is not None  # keep the resume position of each item
         self._position: Optional[List[Any]] = None
         self._seek: Optional[Sequence[Any]] = None
+        self._resumed = resumed or seek is not None  # the first pass continues a saved one
         if seek is not None:  # resume by position: [pass, *source position]
             self._passes, self._seek = int(seek[0]), seek[1:]
             self._position = list(seek)
@@ -183,8 +184,11 @@ class PipelineIterator:
                 if self._passes >= self._repetitions:
                     raise StopIteration
                 seek, self._seek = self._seek, None
-                self._current = self._pipeline.iterator1(position=seek, track=self._track)
-                self._count = 0 if seek is None else 1  # a resumed pass may have nothing left
+                resumed, self._resumed = self._resumed, False
+                if resumed and self._passes:
+                    self._pipeline._advance_passes(self._passes)
+                self._current = self._pipeline.iterator1(position=seek, track=self._track, resumed=resumed)
+                self._count = 1 if resumed else 0  # a resumed pass may have nothing left
             try:
                 item = next(self._current)
             except StopIteration:
@@ -421,13 +425,16 @@ class DataPipeline(IterableDataset, PipelineStage):
         # while other threads hold locks is unsafe) and let its workers do the parallel work.
         return not is_dataloader(self.pipeline[0])
 
-    def iterator1(self, position: Optional[Sequence[Any]] = None, track: bool = False) -> Iterator[Any]:
+    def iterator1(
+        self, position: Optional[Sequence[Any]] = None, track: bool = False, resumed: bool = False
+    ) -> Iterator[Any]:
         """One pass through the pipeline; with `track`, the iterator has the resume `position`
-        of its last item (see `_positions`), and `position` resumes a pass at one."""
+        of its last item (see `_positions`), and `position` resumes a pass at one (`resumed`:
+        the pass continues a saved one, also without a position, e.g. after an elastic resume)."""
         config = self.resolved_engine_config()
         engine = self._use_engine(config)
         stages = self.pipeline
-        if position is not None:  # e.g. check_empty: the rest of a resumed pass may be empty
+        if position is not None or resumed:  # e.g. check_empty: the rest of a resumed pass may be empty
             stages = [s for s in stages if not getattr(s, "skip_on_resume", False)]
         pivot = None
         if (track or position is not None) and self._trackable(config):
@@ -446,7 +453,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def __iter__(self) -> Iterator[Any]:
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
         worker, _workers = worker_info()
-        skip, seek = 0, None
+        skip, seek, resumed = 0, None, self._resume is not None
         if self._resume is not None:
             skip, seek = self._resume_point(self._resume, worker)
             split = self._equal_split()
@@ -459,7 +466,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         track = self.seekable()
         it = PipelineIterator(
             self, self.repetitions, limit, skip=skip, tag=worker if self._tag_outputs else None,
-            seek=seek if track else None, track=track,
+            seek=seek if track else None, track=track, resumed=resumed,
         )
         self._last_iterator = weakref.ref(it)
         return it
@@ -473,6 +480,23 @@ class DataPipeline(IterableDataset, PipelineStage):
             return state.get("delivered", 0), state.get("position")
         positions = state.get("positions") or {}
         return per_worker.get(str(worker), 0), positions.get(str(worker))
+
+    def _advance_passes(self, passes: int) -> None:
+        """Resuming in pass `passes` of a with_epoch/repeat iteration: let the stages that
+        count their own passes (detshuffle, seeded shuffles, the splitter, resampled shards)
+        count the earlier ones, by starting each stage on no input that many times."""
+        for _ in range(passes):
+            for index, stage in enumerate(self.pipeline):
+                if getattr(stage, "skip_on_resume", False):
+                    continue
+                try:
+                    it = self.invoke(stage) if index == 0 else self.invoke(stage, iter(()))
+                    next(iter(it), None)
+                    close = getattr(it, "close", None)
+                    if close is not None:
+                        close()
+                except Exception:  # a stage that cannot start on no input has no pass counter to advance
+                    pass
 
     def _trackable(self, config: EngineConfig) -> bool:
         # Unordered output has no position to speak of; a DataLoader source (WebLoader) keeps

@@ -514,3 +514,23 @@ def test_webloader_epochs_advance_without_set_epoch(monkeypatch, uneven_shards):
 def _set_epoch(loader, epoch):
     loader.set_epoch(epoch)
     return loader
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_resume_in_a_later_with_epoch_pass_keeps_per_pass_shuffles(shardset, engine):
+    """with_epoch runs several passes; detshuffle and seeded shuffles count them. A resume in
+    pass 2 must shuffle as pass 2 did, not as a fresh pass 0."""
+    def build():
+        ds = keyed(wds.WebDataset(shardset[:2], shardshuffle=False, detshuffle=True, seed=967, empty_check=False)
+                   .shuffle(10)).batched(2).unbatched().with_epoch(60)
+        return ds if engine else ds.with_engine(enabled=False)
+
+    check_resume(build, checkpoints=(0, 21, 33, 50), seeks=False)
+
+
+def test_elastic_resume_when_a_new_worker_has_nothing_left(monkeypatch, uneven_shards):
+    build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle=2)  # noqa: E731
+    before, states = _run_ranks(monkeypatch, 2, 1, build, take=lambda rank: 16)  # 64 of 68 each
+    after, _ = _run_ranks(monkeypatch, 4, 3, build, load=states)  # 8 left: 2 per rank, some workers get none
+    delivered = [k for rank in before + after for k in rank]
+    assert len(delivered) == len(set(delivered)) == 136
