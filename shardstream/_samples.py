@@ -276,11 +276,14 @@ class TarShardSamples(PipelineStage):
         byte offset of sample `start`, from a resume position) or to the offset in an `.idx`
         beside a local shard; else it reads from the shard's start and skips."""
         skip = 0
-        if offset is None:
+        if self.opener is not None:  # it can only read a shard from its start
+            offset, skip = 0, start
+        elif offset is None:
             offset, skip = index_position(url, start) if start else (0, 0)
         if stop is not None and stop <= start:
             return
-        batches = self.batches(url, offset, ready if not offset else None, cursor.info if cursor is not None else None)
+        info = cursor.info if cursor is not None and self.opener is None else None  # offsets only where we can seek
+        batches = self.batches(url, offset, ready if not offset else None, info)
         samples = shard_samples(
             batches,
             url,

@@ -112,9 +112,10 @@ def resume_state(
 def _undelivered(scheduler, origin, state, epoch, rank, world, worker, workers, part, replay) -> List[Tuple[int, int]]:
     """The epoch positions of `part` (a worker's) that its saved position says it had not delivered."""
     length = ranges_length(part)
-    position = (state.get("positions") or {}).get(str(worker))
+    per_worker, positions = _worker_view(state)
+    position = positions.get(str(worker))
     if position is None:
-        if (state.get("per_worker") or {}).get(str(worker), 0):
+        if per_worker.get(str(worker), 0):
             raise UsageError("resuming on a new layout needs resume positions, and this state has none")
         return part
     if int(position[0]):
@@ -135,6 +136,14 @@ def _undelivered(scheduler, origin, state, epoch, rank, world, worker, workers, 
             result.extend(take_ranges(part, start, offset))
             start = None
     return result
+
+
+def _worker_view(state: Mapping[str, Any]) -> Tuple[Mapping[str, int], Mapping[str, Any]]:
+    """(items delivered, position) per worker: a WebLoader state has them per DataLoader worker,
+    a DataPipeline state has one of each (its process is worker 0)."""
+    if "per_worker" in state:
+        return state.get("per_worker") or {}, state.get("positions") or {}
+    return {"0": state.get("delivered", 0)}, {"0": state.get("position")}
 
 
 class EqualSplit(PipelineStage):

@@ -16,7 +16,7 @@ from ._fetch import FetchOptions
 from ._samples import TarShardSamples
 from ._shardcache import cache_from_options
 from ._split import EqualSplit
-from ._stages import clean_cut
+from ._stages import clean_cut, resume_clean
 from ._stream_filters import SeededShuffle
 from ._torch import DataLoader
 from .handlers import reraise_exception
@@ -255,6 +255,7 @@ class WebLoader(DataPipeline, FluidInterface):
         args = list(args)
         dataset = args[0] if args else kw.get("dataset")
         self._stateful = isinstance(dataset, DataPipeline) and kw.get("batch_size", 1) is None
+        self._origin = dataset if self._stateful else None  # where the caller may set_epoch by hand
         if self._stateful:
             dataset = copy.copy(dataset)  # the caller's dataset keeps handing out plain items
             dataset._tag_outputs = True
@@ -271,7 +272,15 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_epoch = 0  # the epoch the next iteration gets unless set_epoch was called
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
+        self._resume_epoch: Optional[int] = None
         super().__init__(DataLoader(*args, **kw), self._untag)
+
+    def compose(self, *args):
+        """A copy with more stages after the loader; it keeps its own resume bookkeeping."""
+        result = super().compose(*args)
+        result._consumed, result._positions = {}, {}
+        result.pipeline[1] = result._untag  # bound to the copy, which is the one resumed
+        return result
 
     def _untag(self, src):
         """Unwrap worker-tagged items, in the canonical order (the k-th item of every worker in
@@ -318,7 +327,12 @@ class WebLoader(DataPipeline, FluidInterface):
             # Workers get a fresh copy of the dataset every epoch, so its stages' own pass
             # counters would start at 0 each time: number the epochs here instead, unless the
             # epoch was set by hand (on the loader or on the dataset).
-            if not self._user_epoch and self._dataset.epoch in (None, self._auto_set):
+            by_hand = self._origin.epoch if self._origin is not None else None
+            if by_hand is not None and by_hand != self._dataset.epoch and by_hand != self._auto_set:
+                self._dataset.set_epoch(by_hand)  # set on the caller's dataset after the loader was made
+                self._user_epoch = True
+            persistent = getattr(self.pipeline[0], "persistent_workers", False)  # their copies count passes
+            if not (self._user_epoch or persistent) and self._dataset.epoch in (None, self._auto_set):
                 self._dataset.set_epoch(self._auto_epoch)
                 self._auto_set = self._auto_epoch
                 self._auto_epoch += 1
@@ -333,6 +347,9 @@ class WebLoader(DataPipeline, FluidInterface):
         iteration of the loader is the next epoch (0, 1, ...)."""
         self.epoch = epoch
         self._user_epoch = True
+        if self._resume_counts is not None and self._resume_epoch not in (None, epoch):
+            # a loaded state of another epoch: this one starts fresh
+            self._resume_counts, self._resume_positions, self._loader_split = None, {}, None
         if isinstance(self._dataset, DataPipeline):
             self._dataset.set_epoch(epoch)
 
@@ -362,6 +379,15 @@ class WebLoader(DataPipeline, FluidInterface):
         state = own if own is not None else self._dataset._elastic(history)
         self._dataset._load(state)
         self._dataset._warn_unseeded()
+        held = [s for s in self.pipeline[2:] if not resume_clean(s)]
+        if held:
+            warnings.warn(
+                f"stages after the WebLoader that hold samples back ({', '.join(map(repr, held))}) are not "
+                "in its state: the samples they held at the checkpoint are not delivered after it; put "
+                "them in the dataset instead",
+                stacklevel=2,
+            )
+        self._resume_epoch = state.get("epoch")
         if state.get("epoch") is not None:
             self._auto_epoch = self._auto_set = int(state["epoch"])  # the resumed epoch runs next
         self._loader_split = state.get("split")

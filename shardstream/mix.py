@@ -99,6 +99,11 @@ class RandomMix(IterableDataset):
         self.seed = seed
         self.exact = exact
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether another run draws the same sequence (a resume relies on it)."""
+        return self.exact or self.seed is not None
+
     def __iter__(self) -> Iterator[Any]:
         sources = [iter(d) for d in self.datasets]
         if self.exact:

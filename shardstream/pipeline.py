@@ -18,7 +18,7 @@ from ._ranks import pytorch_worker_info, simulated_layout
 from ._split import EqualSplit, check_history
 from ._stages import PipelineStage, StreamStage
 from ._stats import PipelineStats
-from ._stream_filters import _shuffle
+from ._stream_filters import _rsample, _shuffle
 from ._torch import IterableDataset, is_dataloader, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
@@ -231,6 +231,8 @@ class PipelineIterator:
         if self._current is not None:
             self._end_pass()
         self._passes = self._repetitions
+        # The pipeline keeps the progress: state_dict() after the loop is left still has it.
+        self._pipeline._progress = (self.delivered, self.position)
 
     def __del__(self) -> None:
         try:
@@ -259,6 +261,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._last_iterator: Any = None
         self._resume: Optional[Dict[str, Any]] = None
         self._split_history: Optional[List[Dict[str, Any]]] = None
+        self._progress: Optional[Tuple[int, Any]] = None
         self._tag_outputs = False
         for arg in args:
             if arg is None:
@@ -281,6 +284,9 @@ class DataPipeline(IterableDataset, PipelineStage):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch for shard order and seeded shuffles (passed to every stage that has
         set_epoch: the equal-work splitter, detshuffle). Without it, each pass is a new epoch."""
+        if self._resume is not None and self._resume.get("epoch") not in (None, epoch):
+            self._resume = None  # a loaded state of another epoch: this one starts fresh
+            self._split_history = None
         self.epoch = epoch
         for stage in self.pipeline:
             if hasattr(stage, "set_epoch") and stage is not self:
@@ -295,8 +301,10 @@ class DataPipeline(IterableDataset, PipelineStage):
             delivered, position = self._resume["delivered"], self._resume.get("position")
         else:
             it = self._last_iterator() if self._last_iterator is not None else None
-            delivered = it.delivered if it is not None else 0
-            position = it.position if it is not None else None
+            if it is not None:
+                delivered, position = it.delivered, it.position
+            else:  # the iterator is gone (loop left, epoch over): what it reported last
+                delivered, position = self._progress or (0, None)
         return {
             "epoch": self.epoch, "delivered": delivered, "position": position,
             "layout": self._layout(1), "split": self._split_history,
@@ -323,6 +331,8 @@ class DataPipeline(IterableDataset, PipelineStage):
             "sample shuffle" for s in self.pipeline
             if isinstance(s, StreamStage) and s.f is _shuffle and s.kw.get("seed") is None
             and s.kw.get("rng") is None and len(s.args) < 3
+        ] + ["rsample" for s in self.pipeline if isinstance(s, StreamStage) and s.f is _rsample] + [
+            type(s).__name__ for s in self.pipeline if getattr(s, "deterministic", True) is False  # RandomMix, ResampledShards
         ]
         if getattr(self, "_unseeded_shard_shuffle", False):
             unseeded.insert(0, "shard shuffle")
@@ -469,6 +479,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             seek=seek if track else None, track=track, resumed=resumed,
         )
         self._last_iterator = weakref.ref(it)
+        self._progress = None
         return it
 
     @staticmethod
