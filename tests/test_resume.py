@@ -534,3 +534,108 @@ def test_elastic_resume_when_a_new_worker_has_nothing_left(monkeypatch, uneven_s
     after, _ = _run_ranks(monkeypatch, 4, 3, build, load=states)  # 8 left: 2 per rank, some workers get none
     delivered = [k for rank in before + after for k in rank]
     assert len(delivered) == len(set(delivered)) == 136
+
+
+# -- found in review -------------------------------------------------------------------------------
+
+
+def test_elastic_resume_from_dataset_states(monkeypatch, uneven_shards):
+    """DataPipeline states (no WebLoader) carry one worker's progress; elastic resume reads it."""
+    def build(_workers=None):
+        return wds.WebDataset(uneven_shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).to_tuple("__key__")
+
+    before, states = [], []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        ds = build()
+        it = iter(ds)
+        before += [next(it)[0] for _ in range(20)]
+        states.append(ds.state_dict())
+        del it
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    resumed = build()
+    resumed.load_state_dict(states)
+    after = [k for (k,) in resumed]
+    assert len(before + after) == len(set(before + after)) == 136
+
+
+def test_custom_opener_resumes_by_skipping(uneven_shards):
+    def opener(url):
+        with open(url, "rb") as f:
+            yield f.read()
+
+    def build():
+        return wds.DataPipeline(wds.SimpleShardList(uneven_shards[:3]), wds.tarfile_to_samples(),
+                                wds.to_tuple("__key__")).with_engine(enabled=False)
+
+    from shardstream._samples import TarShardSamples
+
+    def build_with_opener():
+        ds = build()
+        ds.pipeline[1] = TarShardSamples(opener=opener)
+        return ds
+
+    check_resume(build_with_opener, checkpoints=(0, 7, 30), seeks=True)
+
+
+def test_fluid_stages_on_a_webloader_resume(shardset):
+    check_resume(lambda: wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=0).map(lambda x: x),
+                 checkpoints=(0, 7))
+
+
+def test_set_epoch_on_the_dataset_after_the_loader_is_built(monkeypatch, uneven_shards):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    reference = _set_epoch(_elastic_loader(uneven_shards, 1, shuffle=10), 5)
+    loader = _elastic_loader(uneven_shards, 1, shuffle=10)
+    loader._origin.set_epoch(5)  # what `ds.set_epoch(5)` on the caller's dataset does
+    assert _keys(list(loader)) == _keys(list(reference))
+
+
+def test_persistent_workers_still_change_the_order_every_epoch(monkeypatch, uneven_shards):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = wds.WebDataset(uneven_shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).to_tuple("__key__").batched(4)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=1, persistent_workers=True)
+    assert _keys(list(loader)) != _keys(list(loader))
+
+
+def test_state_after_leaving_the_loop_and_after_the_epoch(shardset):
+    ds = keyed(wds.WebDataset(shardset, shardshuffle=False))
+    full = list(ds)
+    for got in ds:
+        if got == full[9]:
+            break
+    state = ds.state_dict()  # the loop's iterator is gone
+    assert state["delivered"] == 10
+    resumed = keyed(wds.WebDataset(shardset, shardshuffle=False))
+    resumed.load_state_dict(state)
+    assert list(resumed) == full[10:]
+
+
+def test_set_epoch_to_another_epoch_drops_a_loaded_state(shardset):
+    def build():
+        return keyed(wds.WebDataset(shardset, shardshuffle=3, seed=1))
+
+    ds = build()
+    ds.set_epoch(0)
+    it = iter(ds)
+    [next(it) for _ in range(5)]
+    state = ds.state_dict()
+    del it
+    resumed = build()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)  # the training loop moved on: epoch 1 from its start
+    fresh = build()
+    fresh.set_epoch(1)
+    assert list(resumed) == list(fresh)
+
+
+def test_unseeded_random_stages_warn_on_resume(shardset):
+    state = keyed(wds.WebDataset(shardset, shardshuffle=False)).state_dict()
+    with pytest.warns(UserWarning, match="rsample"):
+        keyed(wds.WebDataset(shardset, shardshuffle=False)).rsample(0.5).load_state_dict(state)
+    with pytest.warns(UserWarning, match="RandomMix"):
+        wds.DataPipeline(wds.RandomMix([wds.MockDataset("a", 5), wds.MockDataset("b", 5)])).load_state_dict(state)
