@@ -365,6 +365,8 @@ class WebLoader(DataPipeline, FluidInterface):
             "positions": {str(k): v for k, v in positions.items() if v is not None},
             "layout": self._dataset._layout(self._workers()),
             "split": self._loader_split,
+            # without workers the dataset runs here and counts its passes (see pass_base)
+            "passes": self._dataset.progress()[2] if not getattr(self.pipeline[0], "num_workers", 0) else 0,
         }
 
     def _workers(self) -> int:

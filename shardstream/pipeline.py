@@ -120,6 +120,7 @@ class PipelineIterator:
     def __init__(
         self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int], skip: int = 0, tag: Optional[int] = None,
         seek: Optional[Sequence[Any]] = None, track: bool = False, resumed: bool = False,
+        pass_base: Optional[int] = None,
     ) -> None:
         self._pipeline = pipeline
         self._skip = skip  # items of a resumed epoch already delivered before the checkpoint
@@ -135,6 +136,9 @@ class PipelineIterator:
         self._position: Optional[List[Any]] = None
         self._seek: Optional[Sequence[Any]] = None
         self._resumed = resumed or seek is not None  # the first pass continues a saved one
+        # Passes the pipeline ran before this iteration: stages that count their own passes
+        # (no set_epoch) derive the epoch from it, so a resume in a new process catches up.
+        self.pass_base = pipeline._passes_started if pass_base is None else int(pass_base)
         if seek is not None:  # resume by position: [pass, *source position]
             self._passes, self._seek = int(seek[0]), seek[1:]
             self._position = list(seek)
@@ -185,8 +189,10 @@ class PipelineIterator:
                     raise StopIteration
                 seek, self._seek = self._seek, None
                 resumed, self._resumed = self._resumed, False
-                if resumed and self._passes:
-                    self._pipeline._advance_passes(self._passes)
+                target = self.pass_base + self._passes
+                if resumed and target > self._pipeline._passes_started:
+                    self._pipeline._advance_passes(target - self._pipeline._passes_started)
+                self._pipeline._passes_started = target + 1
                 self._current = self._pipeline.iterator1(position=seek, track=self._track, resumed=resumed)
                 self._count = 1 if resumed else 0  # a resumed pass may have nothing left
             try:
@@ -232,7 +238,7 @@ class PipelineIterator:
             self._end_pass()
         self._passes = self._repetitions
         # The pipeline keeps the progress: state_dict() after the loop is left still has it.
-        self._pipeline._progress = (self.delivered, self.position)
+        self._pipeline._progress = (self.delivered, self.position, self.pass_base)
 
     def __del__(self) -> None:
         try:
@@ -261,7 +267,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._last_iterator: Any = None
         self._resume: Optional[Dict[str, Any]] = None
         self._split_history: Optional[List[Dict[str, Any]]] = None
-        self._progress: Optional[Tuple[int, Any]] = None
+        self._progress: Optional[Tuple[int, Any, int]] = None
+        self._passes_started = 0  # passes run in this process (see PipelineIterator.pass_base)
         self._tag_outputs = False
         for arg in args:
             if arg is None:
@@ -297,18 +304,21 @@ class DataPipeline(IterableDataset, PipelineStage):
         "split"}: items handed out, the resume position of the last one (None where the pipeline
         can only replay; see `_positions`), this process's
         rank and world size, and the states this epoch was resumed from on another layout."""
-        if self._resume is not None and "delivered" in self._resume:  # loaded, not iterated yet
-            delivered, position = self._resume["delivered"], self._resume.get("position")
-        else:
-            it = self._last_iterator() if self._last_iterator is not None else None
-            if it is not None:
-                delivered, position = it.delivered, it.position
-            else:  # the iterator is gone (loop left, epoch over): what it reported last
-                delivered, position = self._progress or (0, None)
+        delivered, position, passes = self.progress()
         return {
-            "epoch": self.epoch, "delivered": delivered, "position": position,
+            "epoch": self.epoch, "delivered": delivered, "position": position, "passes": passes,
             "layout": self._layout(1), "split": self._split_history,
         }
+
+    def progress(self) -> Tuple[int, Any, int]:
+        """(items delivered, position of the last one, passes before this iteration) of the
+        iteration under way, the one just left, or the one loaded and not started yet."""
+        if self._resume is not None and "delivered" in self._resume:  # loaded, not iterated yet
+            return self._resume["delivered"], self._resume.get("position"), self._resume.get("passes") or 0
+        it = self._last_iterator() if self._last_iterator is not None else None
+        if it is not None:
+            return it.delivered, it.position, it.pass_base
+        return self._progress or (0, None, self._passes_started)  # the iterator is gone: its last report
 
     def load_state_dict(self, state: Any) -> None:
         """The next iteration continues the checkpointed epoch after its delivered items.
@@ -463,9 +473,10 @@ class DataPipeline(IterableDataset, PipelineStage):
     def __iter__(self) -> Iterator[Any]:
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
         worker, _workers = worker_info()
-        skip, seek, resumed = 0, None, self._resume is not None
+        skip, seek, resumed, pass_base = 0, None, self._resume is not None, None
         if self._resume is not None:
             skip, seek = self._resume_point(self._resume, worker)
+            pass_base = self._resume.get("passes")
             split = self._equal_split()
             if split is not None:  # plans (and so positions) derive from the states resumed from
                 split.history = self._resume.get("split")
@@ -476,7 +487,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         track = self.seekable()
         it = PipelineIterator(
             self, self.repetitions, limit, skip=skip, tag=worker if self._tag_outputs else None,
-            seek=seek if track else None, track=track, resumed=resumed,
+            seek=seek if track else None, track=track, resumed=resumed, pass_base=pass_base,
         )
         self._last_iterator = weakref.ref(it)
         self._progress = None

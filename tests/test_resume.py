@@ -4,6 +4,7 @@ in the same order, for each pipeline shape."""
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -639,3 +640,30 @@ def test_unseeded_random_stages_warn_on_resume(shardset):
         keyed(wds.WebDataset(shardset, shardshuffle=False)).rsample(0.5).load_state_dict(state)
     with pytest.warns(UserWarning, match="RandomMix"):
         wds.DataPipeline(wds.RandomMix([wds.MockDataset("a", 5), wds.MockDataset("b", 5)])).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", ["dataset", "webloader0", "resampled"])
+def test_resume_in_a_later_automatic_epoch(monkeypatch, uneven_shards, kind):
+    """No set_epoch: each iteration is the next epoch. A checkpoint in epoch 1 resumed by a
+    fresh dataset (a new process) continues epoch 1, not epoch 0's order."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def build():
+        if kind == "resampled":
+            return wds.WebDataset(uneven_shards, resampled=True, seed=4, nodesplitter=None).shuffle(8).to_tuple("__key__").with_epoch(30)
+        ds = wds.WebDataset(uneven_shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).shuffle(8).to_tuple("__key__")
+        return wds.WebLoader(ds, batch_size=None, num_workers=0) if kind == "webloader0" else ds
+
+    reference = build()
+    epoch0, epoch1 = list(reference), list(reference)
+    assert epoch0 != epoch1
+    run = build()
+    list(run)
+    it = iter(run)
+    head = [next(it) for _ in range(9)]
+    state = json.loads(json.dumps(run.state_dict()))
+    del it
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == epoch1
