@@ -273,7 +273,14 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
         self._resume_epoch: Optional[int] = None
+        self._loader_delivered = 0  # items this loader had handed out when the loaded state was saved
         super().__init__(DataLoader(*args, **kw), self._untag)
+
+    def __iter__(self):
+        it = super().__iter__()
+        if self._resume_counts is not None:  # continuing a saved epoch: its items count towards with_epoch
+            it._delivered = self._loader_delivered
+        return it
 
     def compose(self, *args):
         """A copy with more stages after the loader; it keeps its own resume bookkeeping."""
@@ -367,6 +374,7 @@ class WebLoader(DataPipeline, FluidInterface):
             "split": self._loader_split,
             # without workers the dataset runs here and counts its passes (see pass_base)
             "passes": self._dataset.progress()[2] if not getattr(self.pipeline[0], "num_workers", 0) else 0,
+            "loader_delivered": self._loader_delivered if pending else self.progress()[0],  # loader.with_epoch(n)
         }
 
     def _workers(self) -> int:
@@ -390,6 +398,7 @@ class WebLoader(DataPipeline, FluidInterface):
                 stacklevel=2,
             )
         self._resume_epoch = state.get("epoch")
+        self._loader_delivered = int(state.get("loader_delivered") or 0)
         if state.get("epoch") is not None:
             self._auto_epoch = self._auto_set = int(state["epoch"])  # the resumed epoch runs next
         self._loader_split = state.get("split")

@@ -667,3 +667,8 @@ def test_resume_in_a_later_automatic_epoch(monkeypatch, uneven_shards, kind):
     resumed = build()
     resumed.load_state_dict(state)
     assert head + list(resumed) == epoch1
+
+
+def test_loader_with_epoch_counts_the_items_before_the_checkpoint(shardset):
+    check_resume(lambda: wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=2).with_epoch(20),
+                 checkpoints=(0, 7, 19))
