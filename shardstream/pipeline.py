@@ -182,6 +182,12 @@ class PipelineIterator:
     def _next_item(self) -> Any:
         while True:
             if self._limit is not None and self._delivered >= self._limit:
+                if self._resumed:  # resumed at its very end: the saved run had begun this pass
+                    self._resumed = False
+                    target = self.pass_base + self._passes + 1
+                    if target > self._pipeline._passes_started:
+                        self._pipeline._advance_passes(target - self._pipeline._passes_started)
+                        self._pipeline._passes_started = target
                 self.close()
                 raise StopIteration
             if self._current is None:

@@ -22,7 +22,9 @@ def check_resume(build, checkpoints=(0, 1, 7, 30), seeks=None):
     """build() -> a fresh dataset or WebLoader; checkpoint after k items and resume in a fresh one.
     seeks: True asserts that the state holds seek positions (shard, sample, offset), False
     count positions (outputs of the last stage that holds samples back; see _positions)."""
-    full = list(build())
+    reference = build()
+    full = list(reference)
+    following = list(reference)  # the epoch after it
     checkpoints = sorted({min(k, len(full) - 1) for k in checkpoints})  # the last one: mid-final-item
     assert len(full) > 1
     for k in checkpoints:
@@ -38,8 +40,8 @@ def check_resume(build, checkpoints=(0, 1, 7, 30), seeks=None):
         resumed.load_state_dict(state)
         rest = list(resumed)
         assert_same_stream(full, first + rest)
-        # and the epoch after a resumed one is a complete, fresh epoch again
-        assert len(list(resumed)) == len(full)
+        # and the epoch after a resumed one is the epoch that followed in the uninterrupted run
+        assert_same_stream(following, list(resumed))
         # a checkpoint taken in a resumed run (even before its first item) resumes exactly too
         again = build()
         again.load_state_dict(state)
@@ -672,3 +674,13 @@ def test_resume_in_a_later_automatic_epoch(monkeypatch, uneven_shards, kind):
 def test_loader_with_epoch_counts_the_items_before_the_checkpoint(shardset):
     check_resume(lambda: wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=2).with_epoch(20),
                  checkpoints=(0, 7, 19))
+
+
+def test_resume_at_the_very_end_of_a_with_epoch_iteration(monkeypatch, uneven_shards):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    check_resume(
+        lambda: wds.WebDataset(uneven_shards, shardshuffle=100, seed=711, nodesplitter=wds.split_by_node,
+                               empty_check=False).to_tuple("__key__").slice(0, 72, 3).with_epoch(40),
+        checkpoints=(0, 20, 39, 40),
+    )
