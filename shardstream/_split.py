@@ -186,6 +186,11 @@ class EqualSplit(PipelineStage):
         if history:
             plan = scheduler.resume_plan(resume_state(scheduler, history, self.replay), rank, world, worker, workers)
         else:
+            if not scheduler.samples_per_rank(epoch, world):
+                raise ValueError(
+                    f"the epoch has {sum(s.samples or 0 for s in shards)} samples in {len(shards)} shards: "
+                    f"fewer than the {world} ranks, so every rank would get none"
+                )
             plan = scheduler.plan(epoch, rank, world, worker, workers)
         for piece in _pieces(plan):
             yield {"url": piece.url, "start": piece.start, "stop": piece.stop, WORKER_SPLIT: True}

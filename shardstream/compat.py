@@ -194,7 +194,9 @@ class WebDataset(DataPipeline, FluidInterface):
                             allow_pipe=allow_pipe, local_paths=True, cache=cache,
                             fetch_options=fetch_options, shards_in_flight=shards_in_flight)
         )
-        if empty_check:
+        if empty_check and not isinstance(nodesplitter, EqualSplit):
+            # (with the equal-work splitter a worker may rightly get nothing: fewer samples per
+            # rank than workers; the splitter itself refuses an epoch with nothing for a rank)
             self.append(check_empty)
 
     def _append_shard_source(

@@ -684,3 +684,19 @@ def test_resume_at_the_very_end_of_a_with_epoch_iteration(monkeypatch, uneven_sh
                                empty_check=False).to_tuple("__key__").slice(0, 72, 3).with_epoch(40),
         checkpoints=(0, 20, 39, 40),
     )
+
+
+def test_fewer_samples_per_rank_than_workers(monkeypatch, tmp_path):
+    shard = write_tar(str(tmp_path / "tiny.tar"), [m for i in range(5) for m in sample_members(i, exts=("cls",))])
+    keys = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        ds = wds.WebDataset([shard], shardshuffle=False, nodesplitter=wds.split_by_node).to_tuple("__key__")
+        got = [k for (k,) in wds.WebLoader(ds, batch_size=None, num_workers=2)]
+        assert len(got) == 1  # 5 // 3: one each, so one of the two workers has nothing
+        keys += got
+    assert len(set(keys)) == 3
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(ValueError, match="fewer than the 8 ranks"):
+        list(wds.WebDataset([shard], shardshuffle=False, nodesplitter=wds.split_by_node))
