@@ -306,10 +306,11 @@ class DataPipeline(IterableDataset, PipelineStage):
                 stage.set_epoch(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the most recent iterator is: {"epoch", "delivered", "position", "layout",
-        "split"}: items handed out, the resume position of the last one (None where the pipeline
-        can only replay; see `_positions`), this process's
-        rank and world size, and the states this epoch was resumed from on another layout."""
+        """Where the most recent iterator is: {"epoch", "delivered", "position", "passes",
+        "layout", "split"}: items handed out, the resume position of the last one (None where
+        the pipeline can only replay; see `_positions`), the passes run before this iteration
+        (automatic epochs), this process's rank and world size, and the states this epoch was
+        resumed from on another layout. Plain JSON-safe data."""
         delivered, position, passes = self.progress()
         return {
             "epoch": self.epoch, "delivered": delivered, "position": position, "passes": passes,
