@@ -245,6 +245,11 @@ class FluidWrapper(DataPipeline, FluidInterface):
 _MISSING = object()
 
 
+def _by_worker(state: Optional[Dict[str, Any]], key: str) -> Dict[int, Any]:
+    """A loader state's per-worker field, keyed by worker number."""
+    return {int(k): v for k, v in ((state or {}).get(key) or {}).items()}
+
+
 class WebLoader(DataPipeline, FluidInterface):
     """A torch DataLoader with the fluid methods (`.unbatched().shuffle().batched()`).
 
@@ -266,22 +271,19 @@ class WebLoader(DataPipeline, FluidInterface):
             else:
                 kw["dataset"] = dataset
         self._dataset = dataset
-        self._consumed: Dict[int, int] = {}
-        self._positions: Dict[int, Any] = {}
-        self._resume_counts: Optional[Dict[int, int]] = None
-        self._resume_positions: Dict[int, Any] = {}
-        self._loader_split: Optional[List[Dict[str, Any]]] = None
+        self._consumed: Dict[int, int] = {}  # items handed out per worker, this epoch
+        self._positions: Dict[int, Any] = {}  # resume position of each worker's last item
+        self._pending: Optional[Dict[str, Any]] = None  # a loaded state the next epoch continues
+        self._loader_split: Optional[List[Dict[str, Any]]] = None  # the history this epoch resumed from
         self._auto_epoch = 0  # the epoch the next iteration gets unless set_epoch was called
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
-        self._resume_epoch: Optional[int] = None
-        self._loader_delivered = 0  # items this loader had handed out when the loaded state was saved
         super().__init__(DataLoader(*args, **kw), self._untag)
 
     def __iter__(self):
         it = super().__iter__()
-        if self._resume_counts is not None:  # continuing a saved epoch: its items count towards with_epoch
-            it._delivered = self._loader_delivered
+        if self._pending is not None:  # continuing a saved epoch: its items count towards with_epoch
+            it._delivered = int(self._pending.get("loader_delivered") or 0)
         return it
 
     def compose(self, *args):
@@ -295,16 +297,16 @@ class WebLoader(DataPipeline, FluidInterface):
         """Unwrap worker-tagged items, in the canonical order (the k-th item of every worker in
         worker order, then the (k+1)-th, ...: torch's round robin), from the resume point."""
         workers = max(1, getattr(self.pipeline[0], "num_workers", 0))
+        pending, self._pending = self._pending, None
+        if pending is None:
+            self._loader_split = None  # a fresh epoch
         consumed = self._consumed
         consumed.clear()
         consumed.update({w: 0 for w in range(workers)})
-        consumed.update(self._resume_counts or {})
+        consumed.update(_by_worker(pending, "per_worker"))
         positions = self._positions
         positions.clear()
-        positions.update(self._resume_positions)
-        if self._resume_counts is None:
-            self._loader_split = None  # a fresh epoch
-        self._resume_counts, self._resume_positions = None, {}
+        positions.update(_by_worker(pending, "positions"))
         pending: Dict[int, Dict[int, Any]] = {w: {} for w in range(workers)}
         ended: Dict[int, int] = {}
 
@@ -356,27 +358,27 @@ class WebLoader(DataPipeline, FluidInterface):
         iteration of the loader is the next epoch (0, 1, ...)."""
         self.epoch = epoch
         self._user_epoch = True
-        if self._resume_counts is not None and self._resume_epoch not in (None, epoch):
-            # a loaded state of another epoch: this one starts fresh
-            self._resume_counts, self._resume_positions, self._loader_split = None, {}, None
+        if self._pending is not None and self._pending.get("epoch") not in (None, epoch):
+            self._pending, self._loader_split = None, None  # a loaded state of another epoch: start fresh
         if isinstance(self._dataset, DataPipeline):
             self._dataset.set_epoch(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
-        pending = self._resume_counts is not None  # loaded, not started yet: still that state
-        counts = self._resume_counts if pending else self._consumed
-        positions = self._resume_positions if pending else self._positions
+        pending = self._pending  # loaded, not started yet: still that state
+        counts = _by_worker(pending, "per_worker") if pending is not None else self._consumed
+        positions = _by_worker(pending, "positions") if pending is not None else self._positions
         return {
             "epoch": self._dataset.epoch,
-            "per_worker": {str(k): v for k, v in counts.items()},  # type: ignore[union-attr]
+            "per_worker": {str(k): v for k, v in counts.items()},
             "positions": {str(k): v for k, v in positions.items() if v is not None},
             "layout": self._dataset._layout(self._workers()),
             "split": self._loader_split,
             # without workers the dataset runs here and counts its passes (see pass_base)
             "passes": self._dataset.progress()[2] if not getattr(self.pipeline[0], "num_workers", 0) else 0,
-            "loader_delivered": self._loader_delivered if pending else self.progress()[0],  # loader.with_epoch(n)
+            # items this loader handed out, for loader.with_epoch(n)
+            "loader_delivered": int(pending.get("loader_delivered") or 0) if pending is not None else self.progress()[0],
         }
 
     def _workers(self) -> int:
@@ -399,10 +401,7 @@ class WebLoader(DataPipeline, FluidInterface):
                 "them in the dataset instead",
                 stacklevel=2,
             )
-        self._resume_epoch = state.get("epoch")
-        self._loader_delivered = int(state.get("loader_delivered") or 0)
         if state.get("epoch") is not None:
             self._auto_epoch = self._auto_set = int(state["epoch"])  # the resumed epoch runs next
+        self._pending = state
         self._loader_split = state.get("split")
-        self._resume_counts = {int(k): v for k, v in state.get("per_worker", {}).items()}
-        self._resume_positions = {int(k): v for k, v in (state.get("positions") or {}).items()}
