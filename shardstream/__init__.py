@@ -29,6 +29,7 @@ from ._errors import (
 )
 from ._fetch import FetchOptions
 from ._open import allow_pipe
+from ._resume import gather_states
 from ._samples import TarShardSamples
 from ._shim import install_as_webdataset
 from ._stages import clean_cut
@@ -84,7 +85,7 @@ from .handlers import (
     warn_and_stop,
 )
 from .mix import RandomMix, RoundRobin
-from .pipeline import DataPipeline, gather_states
+from .pipeline import DataPipeline
 from .prefetch import DevicePrefetcher
 from .shardlists import (
     EqualSplit,

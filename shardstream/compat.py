@@ -13,6 +13,7 @@ import yaml
 from . import filters, shardlists, utils
 from ._errors import UsageError
 from ._fetch import FetchOptions
+from ._resume import choose_state
 from ._samples import TarShardSamples
 from ._shardcache import cache_from_options
 from ._split import EqualSplit
@@ -20,7 +21,7 @@ from ._stages import clean_cut, resume_clean
 from ._stream_filters import SeededShuffle
 from ._torch import DataLoader
 from .handlers import reraise_exception
-from .pipeline import WORKER_END, DataPipeline, Tagged, choose_state
+from .pipeline import WORKER_END, DataPipeline, Tagged
 
 __all__ = ["FluidInterface", "FluidWrapper", "WebDataset", "WebLoader", "check_empty"]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 import sys
 import warnings
 import weakref
@@ -14,17 +13,20 @@ from ._config import EngineConfig, engine_defaults
 from ._engine import EngineIterator
 from ._errors import UsageError
 from ._positions import compose, pivot_wrapper, resume_pivot
-from ._ranks import pytorch_worker_info, simulated_layout
+from ._ranks import pytorch_worker_info
+from ._resume import (
+    choose_state,
+    replay_offsets,
+    replayable,
+    unseeded_stages,
+)
 from ._split import EqualSplit, check_history
-from ._stages import PipelineStage, StreamStage
+from ._stages import PipelineStage
 from ._stats import PipelineStats
-from ._stream_filters import _rsample, _shuffle
 from ._torch import IterableDataset, is_dataloader, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
-__all__ = [
-    "DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method", "choose_state", "gather_states",
-]
+__all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method"]
 
 
 def add_length_method(obj):
@@ -61,54 +63,6 @@ class Tagged:
 
     def __reduce__(self):
         return (Tagged, (self.item, self.worker, self.count, self.position))
-
-
-def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
-    """(this process's own saved state, None) when `state` (one state or every rank's list)
-    holds one saved on this very layout and rank, else (None, all states) to resume elastically."""
-    states = [dict(s) for s in state] if isinstance(state, (list, tuple)) else [dict(state)]
-    for candidate in states:
-        saved = candidate.get("layout")
-        if saved is None and len(states) == 1:
-            return candidate, []  # saved before layouts were recorded: take it as ours
-        if saved == layout:
-            return candidate, []
-    if any(s.get("layout") is None for s in states):
-        raise UsageError("every saved state needs its layout to resume on another one")
-    return None, states
-
-
-def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, Any]]:
-    """Every rank's loader state, gathered with torch.distributed (a collective: call it on all
-    ranks at the same step); [state] when not distributed. Save the list to resume on any
-    world size or worker count."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return [state]
-    result: List[Any] = [None] * dist.get_world_size(group=group)
-    dist.all_gather_object(result, state, group=group)
-    return result
-
-
-def replayable(stage: Any) -> bool:
-    """Whether a shuffle stage gives the same order when run again on the same items (seeded)."""
-    if getattr(stage, "replayable", False):
-        return True
-    return (
-        isinstance(stage, StreamStage) and stage.f is _shuffle
-        and stage.kw.get("seed") is not None and stage.kw.get("rng") is None and len(stage.args) < 3
-    )
-
-
-def _replay_offsets(stage: Any, epoch: int, rank: int, world: int, worker: int, workers: int,
-                    length: int, count: int) -> List[int]:
-    """The first `count` outputs of a fresh copy of `stage` fed 0..length-1 as (rank, worker)."""
-    stage = copy.copy(stage)
-    if hasattr(stage, "set_epoch"):
-        stage.set_epoch(epoch)
-    with simulated_layout(rank, world, worker, workers):
-        run = stage.run if isinstance(stage, PipelineStage) else stage
-        return list(itertools.islice(run(iter(range(length))), count))
 
 
 class PipelineIterator:
@@ -344,13 +298,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._warn_unseeded()
 
     def _warn_unseeded(self) -> None:
-        unseeded = [
-            "sample shuffle" for s in self.pipeline
-            if isinstance(s, StreamStage) and s.f is _shuffle and s.kw.get("seed") is None
-            and s.kw.get("rng") is None and len(s.args) < 3
-        ] + ["rsample" for s in self.pipeline if isinstance(s, StreamStage) and s.f is _rsample] + [
-            type(s).__name__ for s in self.pipeline if getattr(s, "deterministic", True) is False  # RandomMix, ResampledShards
-        ]
+        unseeded = unseeded_stages(self.pipeline)
         if getattr(self, "_unseeded_shard_shuffle", False):
             unseeded.insert(0, "shard shuffle")
         if unseeded:
@@ -411,7 +359,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         if ordered and kind == "seek":
             return None
         if ordered and kind == "count" and index == source + 1 and replayable(stages[index]):
-            return functools.partial(_replay_offsets, stages[index])
+            return functools.partial(replay_offsets, stages[index])
         raise UsageError(
             "resuming on another world size or worker count needs shards read in the splitter's order "
             "(no shard shuffle after split_by_node) and, after the shard reader, either clean-cut stages "
