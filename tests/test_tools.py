@@ -39,3 +39,8 @@ def test_training_script_runs_and_checkpoints(image_text_shards, tmp_path):
     assert [e["epoch"] for e in epochs] == [0, 1]
     assert all(e["samples"] == 120 and e["steps"] == 15 for e in epochs)
     assert os.path.exists(tmp_path / "ckpt.rank0")
+    # run again: it resumes epoch 1 after the checkpoint taken at its step 10 (15 steps an epoch)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = [json.loads(line) for line in again.stdout.splitlines() if line.startswith("{")]
+    assert [(e["epoch"], e["steps"], e["samples"]) for e in resumed] == [(1, 5, 40)]

@@ -111,8 +111,11 @@ def main() -> None:
             samples += len(images)
             steps += 1
             if args.checkpoint and steps % 10 == 0:
+                # every rank's loader state (a collective, at the same step on all ranks): the
+                # run can then be resumed on another number of ranks or workers too
+                loaders = wds.gather_states(loader.state_dict())
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "loader": loader.state_dict(), "epoch": epoch}, f"{args.checkpoint}.rank{rank}")
+                            "loader": loaders, "epoch": epoch}, f"{args.checkpoint}.rank{rank}")
         elapsed = time.perf_counter() - start
         print(json.dumps({"rank": rank, "epoch": epoch, "steps": steps, "samples": samples,
                           "samples_per_s": round(samples / elapsed, 1), "loss": round(float(loss.detach()), 4)}))
