@@ -93,8 +93,11 @@ def main() -> None:
     loader = make_loader(args.urls, args.batch_size, args.workers, args.seed)
 
     start_epoch = 0
-    if args.checkpoint and os.path.exists(f"{args.checkpoint}.rank{rank}"):
-        state = torch.load(f"{args.checkpoint}.rank{rank}", weights_only=False)
+    # DDP keeps the model identical on every rank, and the loader state holds every rank's: a
+    # rank the saved run did not have (more ranks now) starts from rank 0's file
+    saved = next((f"{args.checkpoint}.rank{r}" for r in (rank, 0) if args.checkpoint and os.path.exists(f"{args.checkpoint}.rank{r}")), None)
+    if saved is not None:
+        state = torch.load(saved, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
