@@ -17,3 +17,12 @@ from shardsets import make_shardset  # noqa: E402
 def shardset(tmp_path_factory):
     """The differential shard set: a list of local shard paths."""
     return make_shardset(str(tmp_path_factory.mktemp("shardset")))
+
+
+@pytest.fixture
+def server(files):
+    """A ShardServer over the requesting module's `files` fixture: (root, contents)."""
+    from shardserver import ShardServer
+
+    with ShardServer(files[0]) as srv:
+        yield srv

@@ -1,8 +1,10 @@
-"""Helpers shared by the fetch tests: the shared loop's tasks, and waiting for a condition."""
+"""Helpers shared by the fetch tests: the shared loop's tasks, waiting for a condition, files to
+serve, and reading a URL whole."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 from shardstream._fetch import open_stream
@@ -32,3 +34,21 @@ def read_stream(url, options, **kwargs):
     """All the bytes of `url` through a ChunkStream, and that stream's stats."""
     with open_stream(url, options=options, **kwargs) as stream:
         return b"".join(stream), stream.stats.snapshot()
+
+
+def write_files(root, sizes, seed=0):
+    """Write random files {name: size} under `root` (seeded); returns (root, {name: bytes})."""
+    contents = {}
+    for offset, (name, size) in enumerate(sizes.items()):
+        contents[name] = random.Random(seed + offset).randbytes(size)
+        (root / name).write_bytes(contents[name])
+    return root, contents
+
+
+def reader(default_options):
+    """fetch_all(url, options=default_options, **kwargs) -> (bytes, stats), via read_stream."""
+
+    def fetch_all(url, options=default_options, **kwargs):
+        return read_stream(url, options, **kwargs)
+
+    return fetch_all

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import random
 import socket
 import sys
 import threading
@@ -16,11 +15,10 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from looptools import loop_tasks, read_stream, wait_for
+from looptools import loop_tasks, reader, wait_for, write_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
-from shardserver import ShardServer  # noqa: E402
 
 from shardstream import _fetch  # noqa: E402
 from shardstream._errors import (  # noqa: E402
@@ -49,22 +47,10 @@ SIZES.update({"large.bin": 16 * MIB}, **{f"par{i}.bin": 512 * KIB for i in range
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served")
-    contents = {}
-    for seed, (name, size) in enumerate(SIZES.items()):
-        contents[name] = random.Random(seed).randbytes(size)
-        (root / name).write_bytes(contents[name])
-    return root, contents
+    return write_files(tmp_path_factory.mktemp("served"), SIZES, seed=0)
 
 
-@pytest.fixture
-def server(files):
-    with ShardServer(files[0]) as srv:
-        yield srv
-
-
-def fetch_all(url, options=FAST, **kwargs):
-    return read_stream(url, options, **kwargs)
+fetch_all = reader(FAST)  # the `server` fixture comes from conftest.py
 
 
 async def _collect(url, options, start=0):

@@ -4,7 +4,6 @@ bandwidth cap, faults, errors in order, close, and the fall-back to one connecti
 
 from __future__ import annotations
 
-import random
 import sys
 import threading
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from looptools import loop_tasks, read_stream, wait_for
+from looptools import loop_tasks, reader, wait_for, write_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
@@ -40,12 +39,7 @@ SIZES = {
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served")
-    contents = {}
-    for seed, (name, size) in enumerate(SIZES.items()):
-        contents[name] = random.Random(100 + seed).randbytes(size)
-        (root / name).write_bytes(contents[name])
-    return root, contents
+    return write_files(tmp_path_factory.mktemp("served"), SIZES, seed=100)
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +48,7 @@ def shared_server(files):
         yield srv
 
 
-@pytest.fixture
-def server(files):
-    with ShardServer(files[0]) as srv:
-        yield srv
-
-
-def fetch_all(url, options=FAST, **kwargs):
-    return read_stream(url, options, **kwargs)
+fetch_all = reader(FAST)  # the `server` fixture comes from conftest.py
 
 
 async def _collect(chunks):
