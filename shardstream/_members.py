@@ -17,7 +17,7 @@ from ._malloc import tune_malloc
 from ._stats import SourceStats
 from ._tar import TarMember, TarReader
 
-__all__ = ["chunk_member_batches", "iter_members", "mapped_member_batches", "member_batches"]
+__all__ = ["chunk_member_batches", "is_gzip_file", "iter_members", "mapped_member_batches", "member_batches"]
 
 WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members held at once
 _PAGE = mmap.PAGESIZE
@@ -124,7 +124,8 @@ def _preader(fd: int, base: int, url: str) -> Callable[[int, int], bytes]:
     return read_range
 
 
-def _is_gzip(path: str) -> bool:
+def is_gzip_file(path: str) -> bool:
+    """Whether the file at `path` starts with the gzip magic bytes (False if unreadable)."""
     try:
         with open(path, "rb") as f:
             return f.read(2) == GZIP_MAGIC
@@ -144,7 +145,7 @@ def member_batches(
     archive): mapped when it is a local uncompressed file, else fed in chunks. `info`, when
     given, gets "compressed": whether member offsets can be used to seek in the shard's bytes."""
     tune_malloc()
-    if local_path is not None and not _is_gzip(local_path):
+    if local_path is not None and not is_gzip_file(local_path):
         if info is not None:
             info["compressed"] = False
         return mapped_member_batches(local_path, url, stats, start_offset)

@@ -16,6 +16,7 @@ world size or worker count (`ShardScheduler.resume_plan` shares them out).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import (
     Any,
     Callable,
@@ -98,44 +99,36 @@ def resume_state(
         scheduler.rebase(resume_state(scheduler, previous, replay), world, workers) if previous
         else scheduler.fresh_state(epoch, world, workers)
     )
-    assigned = []
-    for rank in range(world):
-        state, left = by_rank[rank], []
-        for worker in range(workers):
-            part = scheduler.part_ranges(origin, rank, world, worker, workers)
-            left.extend(_undelivered(scheduler, origin, state, epoch, rank, world, worker, workers, part, replay))
-        assigned.append(merge_ranges(left))
+
+    def undelivered(rank: int, worker: int) -> List[Tuple[int, int]]:
+        """The epoch positions of this worker's part that its saved position had not delivered."""
+        part = scheduler.part_ranges(origin, rank, world, worker, workers)
+        length = ranges_length(part)
+        per_worker, positions = _worker_view(by_rank[rank])
+        position = positions.get(str(worker))
+        if position is None:
+            if per_worker.get(str(worker), 0):
+                raise UsageError("resuming on a new layout needs resume positions, and this state has none")
+            return part
+        if int(position[0]):
+            raise UsageError("resuming on a new layout is not supported after with_epoch/repeat passes")
+        if len(position) == 4:  # seek: a prefix of the part
+            pieces = _pieces(scheduler.resume_plan(origin, rank, world, worker, workers))
+            return take_ranges(part, sum(p.count or 0 for p in pieces[: int(position[1])]) + int(position[2]), length)
+        if replay is None:
+            raise UsageError("resuming on a new layout with a count position needs the pipeline's seeded shuffle")
+        delivered = set(replay(epoch, rank, world, worker, workers, length, int(position[1])))
+        runs = itertools.groupby(range(length), key=lambda offset: offset in delivered)
+        return [r for done, offsets in runs if not done for r in _span(part, list(offsets))]
+
+    assigned = [merge_ranges(r for worker in range(workers) for r in undelivered(rank, worker)) for rank in range(world)]
     fresh = SchedulerState.fresh(epoch, world, workers, shards=origin.shards, samples=origin.samples)
     return dataclasses.replace(fresh, assigned=assigned, generation=origin.generation)
 
 
-def _undelivered(scheduler, origin, state, epoch, rank, world, worker, workers, part, replay) -> List[Tuple[int, int]]:
-    """The epoch positions of `part` (a worker's) that its saved position says it had not delivered."""
-    length = ranges_length(part)
-    per_worker, positions = _worker_view(state)
-    position = positions.get(str(worker))
-    if position is None:
-        if per_worker.get(str(worker), 0):
-            raise UsageError("resuming on a new layout needs resume positions, and this state has none")
-        return part
-    if int(position[0]):
-        raise UsageError("resuming on a new layout is not supported after with_epoch/repeat passes")
-    if len(position) == 4:  # seek: a prefix of the part
-        pieces = _pieces(scheduler.resume_plan(origin, rank, world, worker, workers))
-        done = sum(p.count or 0 for p in pieces[: int(position[1])]) + int(position[2])
-        return take_ranges(part, done, length)
-    if replay is None:
-        raise UsageError("resuming on a new layout with a count position needs the pipeline's seeded shuffle")
-    delivered = set(replay(epoch, rank, world, worker, workers, length, int(position[1])))
-    result: List[Tuple[int, int]] = []
-    start = None
-    for offset in range(length + 1):
-        if offset < length and offset not in delivered:
-            start = offset if start is None else start
-        elif start is not None:
-            result.extend(take_ranges(part, start, offset))
-            start = None
-    return result
+def _span(part: List[Tuple[int, int]], offsets: List[int]) -> List[Tuple[int, int]]:
+    """The epoch positions of consecutive offsets [first, last] of a worker's part."""
+    return take_ranges(part, offsets[0], offsets[-1] + 1)
 
 
 def _worker_view(state: Mapping[str, Any]) -> Tuple[Mapping[str, int], Mapping[str, Any]]:
