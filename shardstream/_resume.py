@@ -3,7 +3,8 @@
 `choose_state` picks this process's own state out of every rank's (or decides to resume
 elastically); `gather_states` collects them over torch.distributed; `replayable` and
 `replay_offsets` recompute what a seeded shuffle buffer handed on, for an elastic resume;
-`unseeded_stages` names the random stages that make a resume inexact.
+`unseeded_stages` names the random stages that make a resume inexact; `worker_view` reads the
+per-worker progress of either kind of saved state.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ._ranks import simulated_layout
 from ._stages import PipelineStage, StreamStage
 from ._stream_filters import _rsample, _shuffle
 
-__all__ = ["choose_state", "gather_states", "replay_offsets", "replayable", "unseeded_stages"]
+__all__ = ["choose_state", "gather_states", "replay_offsets", "replayable", "unseeded_stages", "worker_view"]
 
 
 def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -80,3 +81,14 @@ def unseeded_stages(stages: Sequence[Any]) -> List[str]:
     # RandomMix, ResampledShards without a seed
     names += [type(s).__name__ for s in stages if getattr(s, "deterministic", True) is False]
     return names
+
+
+def worker_view(state: Optional[Dict[str, Any]]) -> Tuple[Dict[int, int], Dict[int, Any]]:
+    """(items delivered, resume position) by worker number: a WebLoader state has them per
+    DataLoader worker, a DataPipeline state one of each (its process is worker 0)."""
+    if not state:
+        return {}, {}
+    if "per_worker" not in state:
+        return {0: state.get("delivered", 0)}, {0: state.get("position")}
+    counts = {int(k): v for k, v in (state.get("per_worker") or {}).items()}
+    return counts, {int(k): v for k, v in (state.get("positions") or {}).items()}

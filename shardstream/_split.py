@@ -33,6 +33,7 @@ from typing import (
 from ._counts import sample_counts
 from ._errors import UsageError
 from ._ranks import pytorch_worker_info
+from ._resume import worker_view
 from ._samples import source_url
 from ._schedule_resume import merge_ranges, ranges_length, take_ranges
 from ._scheduler import SchedulerConfig, SchedulerState, Shard, ShardScheduler, Slice
@@ -104,10 +105,10 @@ def resume_state(
         """The epoch positions of this worker's part that its saved position had not delivered."""
         part = scheduler.part_ranges(origin, rank, world, worker, workers)
         length = ranges_length(part)
-        per_worker, positions = _worker_view(by_rank[rank])
-        position = positions.get(str(worker))
+        per_worker, positions = worker_view(by_rank[rank])
+        position = positions.get(worker)
         if position is None:
-            if per_worker.get(str(worker), 0):
+            if per_worker.get(worker, 0):
                 raise UsageError("resuming on a new layout needs resume positions, and this state has none")
             return part
         if int(position[0]):
@@ -129,14 +130,6 @@ def resume_state(
 def _span(part: List[Tuple[int, int]], offsets: List[int]) -> List[Tuple[int, int]]:
     """The epoch positions of consecutive offsets [first, last] of a worker's part."""
     return take_ranges(part, offsets[0], offsets[-1] + 1)
-
-
-def _worker_view(state: Mapping[str, Any]) -> Tuple[Mapping[str, int], Mapping[str, Any]]:
-    """(items delivered, position) per worker: a WebLoader state has them per DataLoader worker,
-    a DataPipeline state has one of each (its process is worker 0)."""
-    if "per_worker" in state:
-        return state.get("per_worker") or {}, state.get("positions") or {}
-    return {"0": state.get("delivered", 0)}, {"0": state.get("position")}
 
 
 class EqualSplit(PipelineStage):

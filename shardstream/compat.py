@@ -13,7 +13,7 @@ import yaml
 from . import filters, shardlists, utils
 from ._errors import UsageError
 from ._fetch import FetchOptions
-from ._resume import choose_state
+from ._resume import choose_state, worker_view
 from ._samples import TarShardSamples
 from ._shardcache import cache_from_options
 from ._split import EqualSplit
@@ -246,11 +246,6 @@ class FluidWrapper(DataPipeline, FluidInterface):
 _MISSING = object()
 
 
-def _by_worker(state: Optional[Dict[str, Any]], key: str) -> Dict[int, Any]:
-    """A loader state's per-worker field, keyed by worker number."""
-    return {int(k): v for k, v in ((state or {}).get(key) or {}).items()}
-
-
 class WebLoader(DataPipeline, FluidInterface):
     """A torch DataLoader with the fluid methods (`.unbatched().shuffle().batched()`).
 
@@ -304,10 +299,11 @@ class WebLoader(DataPipeline, FluidInterface):
         consumed = self._consumed
         consumed.clear()
         consumed.update({w: 0 for w in range(workers)})
-        consumed.update(_by_worker(pending, "per_worker"))
+        counts, saved = worker_view(pending)
+        consumed.update(counts)
         positions = self._positions
         positions.clear()
-        positions.update(_by_worker(pending, "positions"))
+        positions.update(saved)
         pending: Dict[int, Dict[int, Any]] = {w: {} for w in range(workers)}
         ended: Dict[int, int] = {}
 
@@ -368,8 +364,7 @@ class WebLoader(DataPipeline, FluidInterface):
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
         pending = self._pending  # loaded, not started yet: still that state
-        counts = _by_worker(pending, "per_worker") if pending is not None else self._consumed
-        positions = _by_worker(pending, "positions") if pending is not None else self._positions
+        counts, positions = worker_view(pending) if pending is not None else (self._consumed, self._positions)
         return {
             "epoch": self._dataset.epoch,
             "per_worker": {str(k): v for k, v in counts.items()},

@@ -19,6 +19,7 @@ from ._resume import (
     replay_offsets,
     replayable,
     unseeded_stages,
+    worker_view,
 )
 from ._split import EqualSplit, check_history
 from ._stages import PipelineStage
@@ -430,7 +431,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         worker, _workers = worker_info()
         skip, seek, resumed, pass_base = 0, None, self._resume is not None, None
         if self._resume is not None:
-            skip, seek = self._resume_point(self._resume, worker)
+            counts, positions = worker_view(self._resume)
+            skip, seek = counts.get(worker, 0), positions.get(worker)
             pass_base = self._resume.get("passes")
             split = self._equal_split()
             if split is not None:  # plans (and so positions) derive from the states resumed from
@@ -447,16 +449,6 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._last_iterator = weakref.ref(it)
         self._progress = None
         return it
-
-    @staticmethod
-    def _resume_point(state: Dict[str, Any], worker: int) -> Tuple[int, Optional[List[Any]]]:
-        """(items delivered, position) of this worker in a saved state (WebLoader keeps one per
-        DataLoader worker; a DataPipeline state has one)."""
-        per_worker = state.get("per_worker")
-        if per_worker is None:
-            return state.get("delivered", 0), state.get("position")
-        positions = state.get("positions") or {}
-        return per_worker.get(str(worker), 0), positions.get(str(worker))
 
     def _advance_passes(self, passes: int) -> None:
         """Resuming in pass `passes` of a with_epoch/repeat iteration: let the stages that
