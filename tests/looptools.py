@@ -7,6 +7,8 @@ import asyncio
 import random
 import time
 
+from aiohttp import web
+
 from shardstream._fetch import open_stream
 from shardstream._loop import run_coroutine
 
@@ -52,3 +54,18 @@ def reader(default_options):
         return read_stream(url, options, **kwargs)
 
     return fetch_all
+
+
+def serve_app(handle):
+    """An aiohttp app answering every GET with `handle`, on the shared loop (for servers that
+    misbehave in ways shardserver does not): (runner, URL of /x.bin). Clean up with runner.cleanup()."""
+
+    async def start():
+        app = web.Application()
+        app.router.add_get("/{path:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/x.bin"
+
+    return run_coroutine(start()).result(5)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from looptools import loop_tasks, reader, wait_for, write_files
+from looptools import loop_tasks, reader, serve_app, wait_for, write_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
@@ -268,19 +268,6 @@ def test_resume_refuses_a_changed_object(server, files):
 # --- servers that misbehave in ways shardserver does not (they run on the shared loop) ----------
 
 
-async def _start_app(handle):
-    app = web.Application()
-    app.router.add_get("/{path:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/x.bin"
-
-
-def _serving(handle):
-    return run_coroutine(_start_app(handle)).result(5)
-
-
 async def _send(request, status, body, headers, content_length, cut=None):
     response = web.StreamResponse(status=status, headers={"ETag": '"v1"', **headers})
     response.content_length = content_length
@@ -299,7 +286,7 @@ def test_server_that_ignores_range_gets_the_prefix_skipped(files):
         cut = len(data) // 2 if len(ranges) == 1 else None
         return await _send(request, 200, data, {}, len(data), cut)
 
-    runner, url = _serving(handle)
+    runner, url = serve_app(handle)
     try:
         got, stats = fetch_all(url)
         assert got == data and stats["resumes"] == 1
@@ -320,7 +307,7 @@ def test_a_lying_content_length_gives_way_to_content_range(files):
         content_range = {"Content-Range": f"bytes {first}-{len(data) - 1}/{len(data)}"}
         return await _send(request, 206, data[first:], content_range, len(data) - first)
 
-    runner, url = _serving(handle)
+    runner, url = serve_app(handle)
     try:
         assert fetch_all(url)[0] == data and len(ranges) == 2
     finally:
@@ -334,7 +321,7 @@ def test_a_body_longer_than_the_object_is_an_error(files):
         content_range = {"Content-Range": f"bytes 0-{len(data) - 1}/{len(data) - 10}"}
         return await _send(request, 206, data, content_range, len(data))
 
-    runner, url = _serving(handle)
+    runner, url = serve_app(handle)
     try:
         with pytest.raises(FetchError, match="shorter|longer"):
             fetch_all(url)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from looptools import loop_tasks, reader, wait_for, write_files
+from looptools import loop_tasks, reader, serve_app, wait_for, write_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
@@ -176,15 +176,6 @@ def test_not_found_with_parallel_parts(server):
         fetch_all(server.url("missing.bin"), FAST.replace(parallel_parts=4))
 
 
-async def _start_app(handle):
-    app = web.Application()
-    app.router.add_get("/{path:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/x.bin"
-
-
 def _serve_ranges(data, refuse_from=None, ignore_range=False, seen=None):
     async def handle(request):
         header = request.headers.get("Range")
@@ -199,7 +190,7 @@ def _serve_ranges(data, refuse_from=None, ignore_range=False, seen=None):
         headers = {"ETag": '"v1"', "Content-Range": f"bytes {first}-{last}/{len(data)}"}
         return web.Response(status=206, body=data[first : last + 1], headers=headers)
 
-    return run_coroutine(_start_app(handle)).result(5)
+    return serve_app(handle)
 
 
 def test_a_failing_part_surfaces_in_order(files):
