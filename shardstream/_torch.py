@@ -19,6 +19,7 @@ __all__ = [
     "IterableDataset",
     "dataloader_class",
     "is_dataloader",
+    "is_iterable_dataset",
     "is_tensor",
     "torch_if_imported",
     "worker_info",
@@ -105,6 +106,16 @@ def dataloader_class() -> Optional[Type[Any]]:
 
 def is_dataloader(x: Any) -> bool:
     cls = dataloader_class()
+    return cls is not None and isinstance(x, cls)
+
+
+def is_iterable_dataset(x: Any) -> bool:
+    """Whether `x` is a dataset to iterate: shardstream's base, or any subclass of torch's
+    IterableDataset (a class that subclasses it has imported torch.utils.data already)."""
+    if isinstance(x, IterableDataset):
+        return True
+    data = sys.modules.get("torch.utils.data")
+    cls = getattr(data, "IterableDataset", None) if data is not None else None
     return cls is not None and isinstance(x, cls)
 
 

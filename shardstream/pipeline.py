@@ -24,7 +24,7 @@ from ._resume import (
 from ._split import EqualSplit, check_history
 from ._stages import PipelineStage
 from ._stats import PipelineStats
-from ._torch import IterableDataset, is_dataloader, worker_info
+from ._torch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
 __all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method"]
@@ -375,7 +375,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         del self.pipeline
 
     def invoke(self, f: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        if (isinstance(f, IterableDataset) or is_dataloader(f)) and len(args) == 0:
+        if (is_iterable_dataset(f) or is_dataloader(f)) and len(args) == 0:
             return iter(f)
         if isinstance(f, PipelineStage):
             return f.run(*args, **kwargs)
