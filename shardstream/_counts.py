@@ -1,27 +1,32 @@
-"""Sample counts per shard, for equal work per rank: `sizes.json`, `.idx`, else a counted scan.
+"""Sample counts per shard, for equal work per rank, and what each way of knowing them costs.
 
-A scan reads the whole shard once; its result is kept for the process (and, for local files,
-keyed by size and mtime so an edited shard is counted again). Run `shardstream index` to write
-`sizes.json` beside large datasets and skip the scans.
+Cheap (`cheap_counts`): counts given in code, a `sizes.json` beside the shards (one small read
+per directory), an `.idx` beside a local shard, or a walk of a local uncompressed shard's
+headers (memory-mapped: one page per member, never the payloads). Walk results are kept for the
+process, keyed by the file's size and mtime.
+
+Expensive (`read_counts`): reading whole shards. Only on request (the splitter's
+`count_shards=True`), in parallel through the loader's own fetchers and cache, so the bytes
+are not wasted. `shardstream index` writes sizes.json once for the whole dataset instead.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ._index import read_index, scan_shard
+from ._index import read_index, summarize, walk_shard
+from ._members import is_gzip_file
 from ._open import iter_chunks, local_path_of
+from ._tar import TarMember
 
-__all__ = ["known_counts", "sample_counts"]
+__all__ = ["cheap_counts", "known_counts", "read_counts"]
 
-log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_warned = False
-_scanned: Dict[Tuple[str, Optional[Tuple[int, float]]], int] = {}
+_walked: Dict[Tuple[str, int, float], int] = {}
 _sizes_files: Dict[str, Optional[Dict[str, int]]] = {}
 
 
@@ -34,53 +39,84 @@ def _sizes_json(directory_url: str) -> Optional[Dict[str, int]]:
     try:
         data = b"".join(iter_chunks(directory_url.rstrip("/") + "/sizes.json"))
         sizes = {str(k): int(v) for k, v in json.loads(data).items()}
-    except Exception:  # no sizes.json there: fall back to indexes or scans
+    except Exception:  # no (readable) sizes.json there: other ways, or no count
         sizes = None
     with _lock:
         _sizes_files[directory_url] = sizes
     return sizes
 
 
-def _stamp(url: str) -> Optional[Tuple[int, float]]:
-    path = local_path_of(url)
-    if path is None:
-        return None
-    st = os.stat(path)
-    return st.st_size, st.st_mtime
+def _given(url: str, given: Mapping[str, int]) -> Optional[int]:
+    if url in given:
+        return int(given[url])
+    name = url.rsplit("/", 1)[-1].split("?", 1)[0]
+    return int(given[name]) if name in given else None
 
 
-def _count_one(url: str, scan: bool = True) -> Optional[int]:
+def _walked_count(path: str, url: str) -> Optional[int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # missing: the loader reports it when it gets there
+    if is_gzip_file(path):
+        return None  # counting it means inflating it all
+    key = (path, st.st_size, st.st_mtime)
+    with _lock:
+        if key in _walked:
+            return _walked[key]
+    count = walk_shard(path, url).count
+    with _lock:
+        _walked[key] = count
+    return count
+
+
+def _count_one(url: str, given: Mapping[str, int], walk: bool) -> Optional[int]:
+    count = _given(url, given)
+    if count is not None:
+        return count
     directory, _, name = url.rpartition("/")
     sizes = _sizes_json(directory or ".")
     if sizes is not None and name in sizes:
         return sizes[name]
     path = local_path_of(url)
-    if path is not None and os.path.exists(path + ".idx"):
-        return len(read_index(path + ".idx"))
-    if not scan:
+    if path is None:
         return None
-    key = (url, _stamp(url))
-    with _lock:
-        if key in _scanned:
-            return _scanned[key]
-    global _warned
-    if not _warned:
-        _warned = True
-        log.warning(
-            "shardstream: counting the samples of %s by reading it (no sizes.json or .idx beside it); "
-            "`shardstream index` writes them once for the whole dataset", url
-        )
-    count = scan_shard(url, iter_chunks(url)).count
-    with _lock:
-        _scanned[key] = count
-    return count
+    if os.path.exists(path + ".idx"):
+        return len(read_index(path + ".idx"))
+    return _walked_count(path, url) if walk else None
 
 
-def sample_counts(urls: List[str]) -> List[int]:
-    """The number of samples in each shard."""
-    return [_count_one(url) for url in urls]  # type: ignore[misc]
+def cheap_counts(urls: List[str], given: Mapping[str, int] = {}) -> List[Optional[int]]:
+    """Each shard's sample count where it costs no shard download (see the module doc), else None."""
+    return [_count_one(url, given, walk=True) for url in urls]
 
 
 def known_counts(urls: List[str]) -> List[Optional[int]]:
-    """Sample counts from sizes.json or `.idx` files only (None where neither has it): no scans."""
-    return [_count_one(url, scan=False) for url in urls]
+    """Sample counts from sizes.json or `.idx` files only (None where neither has it)."""
+    return [_count_one(url, {}, walk=False) for url in urls]
+
+
+def read_counts(
+    urls: List[str], open_members: Callable[[str], Iterable[List[TarMember]]], threads: int = 16, progress: bool = True,
+) -> List[int]:
+    """Count samples by reading whole shards, `threads` at a time; `open_members(url)` gives a
+    shard's members in batches (the loader's reader: fetchers, retries, cache). A tqdm bar
+    shows progress on a terminal. Raises the first shard's error (it names the URL)."""
+    from tqdm import tqdm
+
+    def count(url: str) -> int:
+        return summarize(url, (m for batch in open_members(url) for m in batch)).count
+
+    if not urls:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls))), thread_name_prefix="shardstream-count") as pool:
+        futures = [pool.submit(count, url) for url in urls]
+        try:
+            with tqdm(total=len(urls), desc="shardstream: counting samples", unit="shard", disable=None if progress else True) as bar:
+                for future in as_completed(futures):
+                    future.result()  # the first failure ends the count
+                    bar.update()
+            return [future.result() for future in futures]
+        finally:
+            for future in futures:
+                future.cancel()

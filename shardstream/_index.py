@@ -12,10 +12,13 @@ import os
 from typing import Dict, Iterable, List, Tuple
 
 from ._keys import base_plus_ext, is_meta
-from ._members import is_gzip_file, iter_members
+from ._members import is_gzip_file, iter_members, mapped_member_batches
 from ._open import local_path_of
+from ._tar import TarMember
 
-__all__ = ["ShardSummary", "index_position", "read_index", "scan_shard", "write_index", "write_sizes"]
+__all__ = [
+    "ShardSummary", "index_position", "read_index", "scan_shard", "summarize", "walk_shard", "write_index", "write_sizes",
+]
 
 
 class ShardSummary:
@@ -35,9 +38,20 @@ class ShardSummary:
 
 def scan_shard(url: str, chunks: Iterable[bytes]) -> ShardSummary:
     """Read a whole shard and record its samples' offsets and keys; raises FormatError."""
+    return summarize(url, iter_members(chunks, url))
+
+
+def walk_shard(path: str, url: str) -> ShardSummary:
+    """The summary of a local uncompressed shard from its headers alone (memory-mapped: the
+    payload pages are never read); `bytes` stays 0. Raises FormatError."""
+    return summarize(url, (m for batch in mapped_member_batches(path, url, payloads=False) for m in batch))
+
+
+def summarize(url: str, members: Iterable[TarMember]) -> ShardSummary:
+    """Samples (offset, key) and extension counts of a shard's members, by webdataset's key rules."""
     summary = ShardSummary(url)
     current = None
-    for name, data, offset in iter_members(chunks, url):
+    for name, data, offset in members:
         summary.members += 1
         summary.bytes += len(data)
         if is_meta(name):

@@ -55,12 +55,14 @@ def chunk_member_batches(
 
 
 def mapped_member_batches(
-    path: str, url: str, stats: Optional[SourceStats] = None, start_offset: int = 0
+    path: str, url: str, stats: Optional[SourceStats] = None, start_offset: int = 0, payloads: bool = True
 ) -> Iterator[List[TarMember]]:
     """Lists of members of an uncompressed local shard, parsed in place from a memory map.
 
     Headers and small payloads are copied out of the map; large payloads are read with os.pread,
-    which releases the GIL, so several shards can be read in parallel threads.
+    which releases the GIL, so several shards can be read in parallel threads. With
+    `payloads=False` the members' data is empty and only header pages are read (a sample count
+    of a local shard costs one page per member, not the shard's size).
     """
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -71,14 +73,14 @@ def mapped_member_batches(
     mapped = view = None
     try:
         size = os.fstat(fd).st_size
-        reader = TarReader(url, start_offset=start_offset)
+        reader = TarReader(url, start_offset=start_offset, payloads=payloads)
         if size == 0 or start_offset >= size:
             yield reader.close()  # raises "empty file"
             return
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         view = memoryview(mapped)
-        if hasattr(mapped, "madvise"):
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
+        if hasattr(mapped, "madvise"):  # a header walk must not read ahead into the payloads
+            mapped.madvise(mmap.MADV_SEQUENTIAL if payloads else mmap.MADV_RANDOM)
         pos = start_offset
         released = start_offset - start_offset % _PAGE
         while pos < size and not reader.finished:

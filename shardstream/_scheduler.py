@@ -317,6 +317,26 @@ class ShardScheduler:
         _check_layout(rank, world_size, worker, num_workers)
         return self.resume_plan(self.fresh_state(epoch, world_size, num_workers), rank, world_size, worker, num_workers)
 
+    def shard_plan(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> List[Slice]:
+        """Whole shards, webdataset's way (for shards of unknown size): every world_size-th shard
+        of the epoch's order from this rank, then every num_workers-th of those from this worker.
+        Ranks get equal shard counts (within one), not equal samples."""
+        _check_layout(rank, world_size, worker, num_workers)
+        mine = self._order(epoch)[0][rank::world_size][worker::num_workers]
+        return [Slice(self.shards[i].url, 0, self.shards[i].samples, i) for i in mine]
+
+    def shard_part_ranges(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> List[Range]:
+        """The epoch positions of `shard_plan`'s shards (every size known), in reading order."""
+        order, starts = self._order(epoch)
+        self._total()  # raises when a size is unknown
+        where = {index: k for k, index in enumerate(order)}
+        result: List[Range] = []
+        for piece in self.shard_plan(epoch, rank, world_size, worker, num_workers):
+            k = where[piece.shard_index]
+            if starts[k + 1] > starts[k]:
+                result.append((starts[k], starts[k + 1]))
+        return result
+
     def rebase(self, state: SchedulerState, world_size: int, num_workers: int = 1) -> SchedulerState:
         """The state that finishes `state`'s epoch on the layout (world_size, num_workers), with
         nothing delivered yet on that layout (an unchanged layout returns `state` itself)."""

@@ -67,12 +67,18 @@ class TarReader:
         start_offset: the input begins at this offset of an uncompressed archive, at a header
             (resuming mid-shard from an index); member offsets are reported from the archive
             start. PAX global headers before that point are not seen.
+        payloads: False hands out members with empty `data` and never touches payload bytes:
+            with `feed_view` over a memory map, walking a shard reads only its header pages.
     """
 
-    def __init__(self, url: Optional[str] = None, *, compressed: Optional[bool] = None, start_offset: int = 0) -> None:
+    def __init__(
+        self, url: Optional[str] = None, *, compressed: Optional[bool] = None, start_offset: int = 0,
+        payloads: bool = True,
+    ) -> None:
         if start_offset and compressed:
             raise ValueError("start_offset needs an uncompressed archive")
         self._url = url
+        self._payloads = payloads
         self._compressed = False if start_offset else compressed
         self._inflater = GzipInflater() if compressed else None
         self._head = b""  # first byte, held back while gzip detection needs a second one
@@ -248,6 +254,7 @@ class TarReader:
         raw = big = None
         if type(buf) is _BytesView:
             raw, big = buf._view, buf._read_range
+        keep = self._payloads
         try:
             while end - pos >= BLOCK:
                 hdr = buf[pos : pos + BLOCK] if raw is None else raw[pos : pos + BLOCK].tobytes()
@@ -271,7 +278,9 @@ class TarReader:
                         if hdr[345]:
                             name = hdr[345:500].decode("latin-1").partition("\0")[0] + "/" + name
                         if typ or name[-1:] != "/":  # else an old-style directory
-                            if raw is None:
+                            if not keep:
+                                data = b""
+                            elif raw is None:
                                 data = buf[pos + BLOCK : pos + BLOCK + size]
                             elif big is not None and size >= _BIG:
                                 data = big(pos + BLOCK, pos + BLOCK + size)
@@ -396,7 +405,7 @@ class TarReader:
         if stop > len(buf):
             return self._stall(pos, stop, name, offset)
         if regular:
-            out.append(TarMember(name, buf[pos + BLOCK : pos + BLOCK + size], offset))
+            out.append(TarMember(name, buf[pos + BLOCK : pos + BLOCK + size] if self._payloads else b"", offset))
         self._ext = self._dangling = None
         return stop
 

@@ -195,6 +195,8 @@ class WebDataset(DataPipeline, FluidInterface):
                             allow_pipe=allow_pipe, local_paths=True, cache=cache,
                             fetch_options=fetch_options, shards_in_flight=shards_in_flight)
         )
+        if isinstance(nodesplitter, EqualSplit) and nodesplitter.reader is None:
+            nodesplitter.reader = self.pipeline[-1].batches  # counting by reading fills the cache
         if empty_check and not isinstance(nodesplitter, EqualSplit):
             # (with the equal-work splitter a worker may rightly get nothing: fewer samples per
             # rank than workers; the splitter itself refuses an epoch with nothing for a rank)

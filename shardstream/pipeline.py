@@ -21,7 +21,7 @@ from ._resume import (
     unseeded_stages,
     worker_view,
 )
-from ._split import EqualSplit, check_history
+from ._split import SHARD_SPLIT, EqualSplit, check_history
 from ._stages import PipelineStage
 from ._stats import PipelineStats
 from ._torch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
@@ -316,17 +316,24 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._resume = dict(state)
         self._split_history = state.get("split")
 
-    def _layout(self, num_workers: int) -> Dict[str, int]:
+    def _layout(self, num_workers: int) -> Dict[str, Any]:
         split = self._equal_split()
         rank, world, _worker, _workers = pytorch_worker_info(group=split.group if split is not None else None)
-        return {"rank": rank, "world_size": world, "num_workers": num_workers}
+        layout: Dict[str, Any] = {"rank": rank, "world_size": world, "num_workers": num_workers}
+        if split is not None:
+            if split.mode is None:
+                self.count_samples()  # decides how the splitter splits (no reads at world size 1)
+            if split.mode == SHARD_SPLIT:  # positions count whole shards: say so, for an elastic resume
+                layout["node_split"] = SHARD_SPLIT
+        return layout
 
     def _equal_split(self) -> Optional[EqualSplit]:
         return next((s for s in self.pipeline if isinstance(s, EqualSplit)), None)
 
     def count_samples(self) -> None:
-        """Count the samples of this pipeline's shards now, in this process (for the equal-work
-        splitter; WebLoader calls it before starting workers, so they do not each count)."""
+        """Let the equal-work splitter find its shards' sample counts now, in this process, and
+        decide how it splits (see `EqualSplit`). WebLoader calls it before starting workers, so
+        they do not each look; with a plain torch DataLoader, call it before creating one."""
         split = self._equal_split()
         if split is None:
             return
@@ -335,7 +342,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         items = self.invoke(copy.copy(self.pipeline[0]))
         for stage in self.pipeline[1:index]:
             items = self.invoke(copy.copy(stage), items)
-        split.count([item["url"] if isinstance(item, dict) else item for item in items])
+        split.prepare([item["url"] if isinstance(item, dict) else item for item in items])
 
     def _elastic(self, history: List[Dict[str, Any]]) -> Dict[str, Any]:
         """The resume state that finishes the saved epoch on this (new) layout."""

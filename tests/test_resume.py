@@ -348,6 +348,23 @@ def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world
 
 
 @pytest.mark.parametrize("shuffle", [0, 10])
+@pytest.mark.parametrize("new_world,new_workers", [(2, 1), (3, 2), (1, 3)])
+def test_elastic_resume_from_one_rank(monkeypatch, uneven_shards, new_world, new_workers, shuffle):
+    """On one rank the splitter counts nothing and hands whole shards to the workers; a state
+    saved there still finishes its epoch on any layout (counts are found when resuming)."""
+    build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle)  # noqa: E731
+    before, states = _run_ranks(monkeypatch, 1, 2, build, take=lambda rank: 7)
+    assert states[0]["layout"]["node_split"] == "shards"
+    assert len(before[0]) == 28
+    after, _ = _run_ranks(monkeypatch, new_world, new_workers, build, load=states)
+    delivered = [k for rank in before + after for k in rank]
+    assert len(delivered) == len(set(delivered)), "a sample was repeated"
+    left = 136 - 28
+    assert len(delivered) == 28 + left - left % new_world
+    assert len({len(k) for k in after}) == 1
+
+
+@pytest.mark.parametrize("shuffle", [0, 10])
 def test_elastic_resume_twice(monkeypatch, uneven_shards, shuffle):
     """2x2 -> 3x1 mid-epoch -> 2x2 again: still no sample twice, only remainders dropped."""
     build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle)  # noqa: E731
@@ -433,29 +450,29 @@ def test_remainder_policy(monkeypatch, uneven_shards, remainder, each):
 
 
 def test_loader_counts_samples_once_not_in_every_worker(monkeypatch, uneven_shards, tmp_path):
-    """Without sizes.json or .idx, the counting pass runs in the main process; the workers get
-    the counts with the dataset instead of each reading every shard."""
+    """Without sizes.json or .idx, local shards are counted by walking their headers, in the main
+    process; the workers get the counts with the dataset instead of each walking every shard."""
     import shardstream._counts as counts
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    log = tmp_path / "scans.txt"
-    real = counts.scan_shard
+    log = tmp_path / "walks.txt"
+    real = counts.walk_shard
 
-    def scan(url, chunks):  # appends from any process
+    def walk(path, url):  # appends from any process
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {url}\n")
-        return real(url, chunks)
+        return real(path, url)
 
-    monkeypatch.setattr(counts, "scan_shard", scan)
-    monkeypatch.setattr(counts, "_scanned", {})
+    monkeypatch.setattr(counts, "walk_shard", walk)
+    monkeypatch.setattr(counts, "_walked", {})
     loader = _elastic_loader(uneven_shards, 2)
     assert len(_keys(list(loader))) == 68
     lines = log.read_text().split("\n")[:-1]
     assert sorted(line.split(" ", 1)[1] for line in lines) == sorted(uneven_shards)  # once each
     assert {line.split(" ")[0] for line in lines} == {str(os.getpid())}  # in this process
     log.write_text("")
-    counts._scanned.clear()
+    counts._walked.clear()
     assert len(_keys(list(loader))) == 68 and log.read_text() == ""  # kept on the stage
 
 

@@ -1,0 +1,218 @@
+"""split_by_node never reads a dataset just to count it: the rule of `_split` (world size 1: no
+reads; cheap counts: equal samples per rank; remote shards without counts: webdataset's shard
+split with a warning; count_shards=True: one parallel counting read that fills the cache),
+proven against a real HTTP server that counts every request."""
+
+import json
+import os
+import warnings
+
+import pytest
+
+import shardstream as wds
+import shardstream._split as split_module
+import webdataset
+
+from shardsets import sample_members, write_tar
+
+SIZES = [3, 9, 4, 12, 5, 7, 2, 6]  # uneven on purpose: 48 samples in 8 shards
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("split")
+    index = 0
+    for n, size in enumerate(SIZES):
+        write_tar(str(root / f"part-{n}.tar"), [m for i in range(index, index + size) for m in sample_members(i, exts=("cls",))])
+        index += size
+    return str(root), None
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch):
+    """Each test starts as a fresh process would: no sizes.json read yet, no warning given."""
+    import shardstream._counts as counts
+
+    monkeypatch.setattr(counts, "_sizes_files", {})
+    monkeypatch.setattr(split_module, "_warned", False)
+    monkeypatch.delenv("SHARDSTREAM_COUNT_SHARDS", raising=False)
+
+
+def _urls(server):
+    return [server.url(f"part-{n}.tar") for n in range(len(SIZES))]
+
+
+def _layout(monkeypatch, rank, world):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+
+
+def _keys(dataset):
+    return [k for (k,) in dataset.to_tuple("__key__")]
+
+
+def _shard_requests(server):
+    return {path: n for path, n in server.stats.snapshot().path_requests.items() if path.endswith(".tar")}
+
+
+def test_one_rank_reads_nothing_to_split(monkeypatch, server):
+    _layout(monkeypatch, 0, 1)
+    ds = wds.WebDataset(_urls(server), shardshuffle=False, nodesplitter=wds.split_by_node)
+    it = iter(ds)
+    next(it)
+    paths = server.stats.snapshot().path_requests
+    assert "sizes.json" not in paths  # not even a sizes.json probe
+    assert all(n == 1 for n in paths.values())
+    rest = [s["__key__"] for s in it]
+    assert len(rest) == sum(SIZES) - 1
+    assert _shard_requests(server) == {f"part-{n}.tar": 1 for n in range(len(SIZES))}
+
+
+def test_remote_shards_without_counts_split_like_webdataset(monkeypatch, server):
+    """No counting pass: each rank requests only its own shards, once, and gets webdataset's split."""
+    urls = _urls(server)
+    for rank in range(2):
+        server.stats.reset()
+        split_module._warned = False
+        _layout(monkeypatch, rank, 2)
+        ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
+        mine = urls[rank::2]
+        names = {u.rsplit("/", 1)[1] for u in mine}
+        expected = _keys(webdataset.WebDataset(urls, shardshuffle=False, nodesplitter=webdataset.split_by_node))
+        server.stats.reset()
+        with pytest.warns(UserWarning, match="shardstream index"):
+            it = iter(ds)
+            first = next(it)
+        assert set(_shard_requests(server)) <= names  # no counting pass before the first sample
+        assert [first["__key__"]] + [s["__key__"] for s in it] == expected
+        assert _shard_requests(server) == dict.fromkeys(names, 1)
+
+
+def test_the_uncounted_warning_is_given_once(monkeypatch, server):
+    _layout(monkeypatch, 0, 2)
+    ds = wds.WebDataset(_urls(server), shardshuffle=False, nodesplitter=wds.split_by_node)
+    with pytest.warns(UserWarning, match="count_shards=True"):
+        _keys(ds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _keys(ds)
+        _keys(wds.WebDataset(_urls(server), shardshuffle=False, nodesplitter=wds.split_by_node))
+
+
+def test_sizes_json_beside_remote_shards_gives_equal_work(monkeypatch, server, files, tmp_path):
+    root = files[0]
+    with open(os.path.join(root, "sizes.json"), "w") as f:
+        json.dump({f"part-{n}.tar": size for n, size in enumerate(SIZES)}, f)
+    try:
+        got = []
+        for rank in range(3):
+            server.stats.reset()
+            _layout(monkeypatch, rank, 3)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                got.append(_keys(wds.WebDataset(_urls(server), shardshuffle=10, seed=1, nodesplitter=wds.split_by_node)))
+            assert server.stats.snapshot().path_requests["sizes.json"] <= 2  # one read (fsspec may HEAD first)
+        assert [len(k) for k in got] == [16, 16, 16]
+        assert len({k for keys in got for k in keys}) == 48
+    finally:
+        os.remove(os.path.join(root, "sizes.json"))
+
+
+def test_counts_given_in_code(monkeypatch, server):
+    counts = {f"part-{n}.tar": size for n, size in enumerate(SIZES)}  # by file name, as sizes.json has them
+    got = []
+    for rank in range(2):
+        server.stats.reset()
+        _layout(monkeypatch, rank, 2)
+        splitter = wds.EqualSplit(seed=3, counts=counts)
+        got.append(_keys(wds.WebDataset(_urls(server), shardshuffle=False, nodesplitter=splitter)))
+        assert "sizes.json" not in server.stats.snapshot().path_requests
+    assert [len(k) for k in got] == [24, 24] and len(set(got[0] + got[1])) == 48
+
+
+def test_count_shards_reads_each_shard_once_through_the_cache(monkeypatch, server, tmp_path):
+    """The opt-in counting read fills the disk cache: the origin serves each shard exactly once
+    for counting and loading together, and the ranks get equal work."""
+    urls = _urls(server)
+    got = []
+    for rank in range(2):
+        server.stats.reset()
+        _layout(monkeypatch, rank, 2)
+        splitter = wds.EqualSplit(seed=0, count_shards=True)
+        cache = tmp_path / f"cache{rank}"
+        cache.mkdir()
+        ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=splitter, cache_dir=str(cache))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got.append(_keys(ds))
+        assert _shard_requests(server) == {f"part-{n}.tar": 1 for n in range(len(SIZES))}
+    assert [len(k) for k in got] == [24, 24] and len(set(got[0] + got[1])) == 48
+
+
+def test_count_shards_from_the_environment(monkeypatch, server):
+    monkeypatch.setenv("SHARDSTREAM_COUNT_SHARDS", "1")
+    _layout(monkeypatch, 1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keys = _keys(wds.WebDataset(_urls(server), shardshuffle=False, nodesplitter=wds.split_by_node))
+    assert len(keys) == 24
+
+
+def test_count_shards_names_a_missing_shard(monkeypatch, server):
+    _layout(monkeypatch, 0, 2)
+    urls = _urls(server) + [server.url("missing.tar")]
+    ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.EqualSplit(count_shards=True))
+    with pytest.raises(FileNotFoundError, match="missing.tar"):
+        _keys(ds)
+
+
+def test_plain_function_on_urls_that_are_not_files(monkeypatch):
+    """webdataset's split_by_node as a function: every world_size-th item, nothing opened."""
+    urls = [f"http://nowhere.invalid/shard-{i}.tar" for i in range(7)] + [f"/no/such/dir/{i}.tar" for i in range(3)]
+    for rank in range(3):
+        _layout(monkeypatch, rank, 3)
+        assert list(wds.split_by_node(urls)) == list(webdataset.split_by_node(urls)) == urls[rank::3]
+        assert list(wds.shardlists.split_by_node(iter(urls))) == urls[rank::3]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_pipeline_over_urls_that_are_not_files_is_not_opened_to_split(monkeypatch, world):
+    """DataPipeline(SimpleShardList, split_by_node, split_by_worker) lists the same shards as
+    webdataset's without opening any (webdataset's own tests do this)."""
+    urls = [f"/no/such/dir/shard-{i}.tar" for i in range(7)]
+    for rank in range(world):
+        _layout(monkeypatch, rank, world)
+        ours = wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker)
+        theirs = webdataset.DataPipeline(webdataset.SimpleShardList(urls), webdataset.split_by_node, webdataset.split_by_worker)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the uncounted warning, at world size 2
+            assert [item["url"] for item in ours] == [item["url"] for item in theirs]
+
+
+def test_local_gzip_shards_are_not_inflated_to_count(monkeypatch, tmp_path):
+    shards = [write_tar(str(tmp_path / f"z-{n}.tar.gz"), sample_members(n, exts=("cls",)), gz=True) for n in range(4)]
+    _layout(monkeypatch, 1, 2)
+    with pytest.warns(UserWarning, match="no known sample count"):
+        keys = _keys(wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.split_by_node))
+    assert keys == ["s0001", "s0003"]
+
+
+def test_elastic_resume_needs_counts_and_says_so(monkeypatch, server):
+    urls = _urls(server)
+    states = []
+    for rank in range(2):
+        _layout(monkeypatch, rank, 2)
+        ds = wds.WebDataset(urls, shardshuffle=False, seed=1, nodesplitter=wds.split_by_node).to_tuple("__key__")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            it = iter(ds)
+            next(it)
+        states.append(ds.state_dict())
+        assert states[-1]["layout"]["node_split"] == "shards"
+    _layout(monkeypatch, 0, 3)
+    ds = wds.WebDataset(urls, shardshuffle=False, seed=1, nodesplitter=wds.split_by_node).to_tuple("__key__")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.load_state_dict(states)
+        with pytest.raises(wds.UsageError, match="sample count"):
+            list(ds)
