@@ -8,6 +8,10 @@ shapes that old code (OpenCLIP's `tarfile_to_samples_nothrow`) builds on. `tarfi
 given (webdataset 1.0.2's default `{}` marker breaks groupers that index `["fname"]`), and
 `group_by_keys` starts a new sample whenever `__url__` changes, so samples never span shards
 with or without the marker.
+
+A shard-list item may name a range of a shard's samples, dict(url=..., start=..., stop=...), as the
+equal-work `split_by_node` yields them; `tar_file_expander` then yields only the members of those
+samples, like the fused path, so hand-built pipelines (OpenCLIP's) get the same equal split.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import braceexpand
 from ._errors import ShardStreamError
 from ._keys import META_PATTERN, base_plus_ext, is_meta
 from ._members import iter_members
-from ._samples import TarShardSamples
+from ._samples import TarShardSamples, shard_range
 from .gopen import gopen
 from .handlers import reraise_exception
 
@@ -85,10 +89,37 @@ def tar_file_iterator(
     rename_files: Optional[Callable[[str], str]] = None,
 ) -> Iterator[Dict[str, Any]]:
     """Yield dict(fname=..., data=...) for the regular members of a binary tar stream."""
+    return _tar_members(fileobj, 0, None, skip_meta, handler, select_files, rename_files)
+
+
+Member = Tuple[str, Any, int]
+
+
+def _in_range(members: Iterator[Member], start: int, stop: Optional[int]) -> Iterator[Member]:
+    """The members of samples [start, stop) of a shard, numbered as sample counts and `.idx` files
+    number them: a new sample at each change of key; meta members and keyless ones start none."""
+    index, current = -1, None
+    for member in members:
+        name = member[0]
+        if not is_meta(name):
+            key, _ = base_plus_ext(name)
+            if key is not None and key != current:
+                index, current = index + 1, key
+                if stop is not None and index >= stop:
+                    return
+        if max(index, 0) >= start:
+            yield member
+
+
+def _tar_members(fileobj, start, stop, skip_meta, handler, select_files, rename_files) -> Iterator[Dict[str, Any]]:
+    """tar_file_iterator over the samples [start, stop) of the shard."""
     url = getattr(fileobj, "name", None)
     skip = None if skip_meta is None or skip_meta == META_PATTERN else re.compile(skip_meta)
     chunks = iter(lambda: fileobj.read(_READ_SIZE), b"")
-    for fname, data, _offset in iter_members(chunks, None if url is None else str(url)):
+    members = iter_members(chunks, None if url is None else str(url))
+    if start or stop is not None:
+        members = _in_range(members, start, stop)
+    for fname, data, _offset in members:
         try:
             if "/" not in fname and fname.startswith(meta_prefix) and fname.endswith(meta_suffix):
                 continue
@@ -112,7 +143,8 @@ def tar_file_expander(
     rename_files: Optional[Callable[[str], str]] = None,
     eof_value: Optional[Any] = None,
 ) -> Iterator[Dict[str, Any]]:
-    """Expand dict(url=..., stream=...) items into member dicts with `__url__` (and `__local_path__`)."""
+    """Expand dict(url=..., stream=...) items into member dicts with `__url__` (and `__local_path__`);
+    an item's `start`/`stop` keep only the members of those samples of its shard."""
     for source in data:
         url = source["url"]
         local_path = source.get("local_path")
@@ -120,7 +152,8 @@ def tar_file_expander(
         try:
             assert isinstance(source, dict)
             assert "stream" in source
-            for sample in tar_file_iterator(stream, handler=handler, select_files=select_files, rename_files=rename_files):
+            start, stop = shard_range(source)
+            for sample in _tar_members(stream, start, stop, META_PATTERN, handler, select_files, rename_files):
                 sample["__url__"] = url
                 if local_path is not None:
                     sample["__local_path__"] = local_path
