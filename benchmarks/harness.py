@@ -60,6 +60,9 @@ class Config:
         cache: shardstream's disk cache: "" off, "cold" (emptied before every pass: stream-through),
             "warm" (filled by an untimed pass, so every timed pass reads it).
         baseline: this configuration is its workload's ratio reference (else: the fastest webdataset).
+        world_size: > 1 runs as rank 0 of that many (RANK/WORLD_SIZE) with `split_by_node`: a pass
+            reads that rank's share, so it is not a full pass.
+        count_shards: shardstream's splitter counts uncounted shards by reading them first.
     """
 
     workload: str
@@ -74,13 +77,15 @@ class Config:
     shards_in_flight: int = 0
     cache: str = ""
     baseline: bool = False
+    world_size: int = 1
+    count_shards: bool = False
 
     def __post_init__(self) -> None:
         if self.module_name not in WORKLOADS:
             raise ValueError(f"unknown workload module {self.module_name!r}")
         if self.source not in SOURCES or self.cache not in CACHE_MODES:
             raise ValueError(f"bad source or cache in {self}")
-        if self.num_workers < 0 or self.rate_scale < 1 or self.shards_in_flight < 0:
+        if self.num_workers < 0 or self.rate_scale < 1 or self.shards_in_flight < 0 or self.world_size < 1:
             raise ValueError(f"bad config {self}")
 
     @property

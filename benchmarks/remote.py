@@ -14,6 +14,11 @@ usual; `run.py` starts the servers once and hands their URLs to the children (`s
   cache before every pass (the first epoch: bytes stream through to the parser and the cache file);
   "warm" fills it in an untimed pass first (every timed pass is a second epoch, read from the cache).
   The reference is the same raw pass over the local files.
+- `http-split`: the raw pipeline over HTTP with `nodesplitter=split_by_node`, as rank 0 of 2 (the
+  shape every DDP script has), with no sizes.json beside the shards: how long until the first sample,
+  and the pass over this rank's half. webdataset splits shard by shard; shardstream does the same
+  without counts (it warns), and with `EqualSplit(count_shards=True)` reads every shard once, in
+  parallel, to count it first.
 - `s3`: raw and decode from moto's S3 server (a subprocess), shardstream direct. webdataset 1.0.2 has
   no `s3://` support (only `pipe:aws s3 cp ...` commands), so it is left out.
 
@@ -54,6 +59,11 @@ def configs(workers: list[int]) -> list[Config]:
         _config("cache", "shardstream-local", source="local", pipeline="raw", baseline=True),
         _config("cache", "shardstream-http-cold", source="http", pipeline="raw", cache="cold"),
         _config("cache", "shardstream-http-warm", source="http", pipeline="raw", cache="warm"),
+        *(_config("http-split", f"webdataset-dl{n}", "webdataset", num_workers=n, source="http",
+                  pipeline="raw", world_size=2, full_pass=False) for n in WEBDATASET_WORKERS),
+        _config("http-split", "shardstream", source="http", pipeline="raw", world_size=2, full_pass=False),
+        _config("http-split", "shardstream-count", source="http", pipeline="raw", world_size=2,
+                full_pass=False, count_shards=True),
         _config("s3", "shardstream-raw", source="s3", pipeline="raw"),
         _config("s3", "shardstream-decode", source="s3", pipeline="decode"),
     ]
@@ -72,6 +82,8 @@ def comparisons() -> list[Comparison]:
                    "cache/shardstream-local", target=0.95),
         Comparison("cache pass 1 (cold) / HTTP raw without cache", "cache/shardstream-http-cold",
                    "http-raw/shardstream", target=0.97),
+        *(Comparison(f"HTTP split_by_node, rank 0 of 2: shardstream / webdataset-dl{n}", "http-split/shardstream",
+                     f"http-split/webdataset-dl{n}") for n in WEBDATASET_WORKERS),
         Comparison("S3 raw / HTTP raw", "s3/shardstream-raw", "http-raw/shardstream"),
         Comparison("S3 decode / local decode", "s3/shardstream-decode", "http-decode/shardstream-local"),
     ]
@@ -112,6 +124,9 @@ def make_pass(config: Config, urls: list[str]) -> Callable[[], Iterable]:
     """Import the library and return what starts one pass of the config's pipeline over `urls`."""
     wds = importlib.import_module(config.library)
     options = {"shards_in_flight": config.shards_in_flight} if config.shards_in_flight else {}
+    if config.world_size > 1:  # rank 0 of world_size, as torchrun would say (DataLoader workers inherit it)
+        os.environ.update(RANK="0", WORLD_SIZE=str(config.world_size))
+        options["nodesplitter"] = wds.EqualSplit(count_shards=True) if config.count_shards else wds.split_by_node
 
     def build(extra: dict) -> Iterable:
         if config.pipeline == "raw":

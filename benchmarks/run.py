@@ -1,7 +1,7 @@
 """Run the shardstream-vs-webdataset benchmarks and report them.
 
     .venv/bin/python benchmarks/run.py [--workload raw|decode|remote|all] [--repeat 3] [--samples 4000]
-                                       [--shards 16] [--workers 1,2,4] [--quick]
+                                       [--shards 16] [--workers 1,2,4] [--quick] [--only SECTION]
 
 Every configuration runs in its own fresh Python process. The servers of the remote workloads (HTTP,
 S3) run in their own processes, started once here and stopped on the way out (errors, Ctrl-C and
@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2,4",
                         help="DataLoader/WebLoader worker counts (decode; remote always uses 2 and 8)")
     parser.add_argument("--quick", action="store_true", help="small corpus, 1 repetition: a smoke test")
+    parser.add_argument("--only", default="", help="run only configurations whose 'section/name' contains this")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per config")
     args = parser.parse_args(argv)
     if args.quick:
@@ -117,7 +118,7 @@ def selected_modules(args: argparse.Namespace) -> list:
 
 def selected_configs(args: argparse.Namespace) -> list[Config]:
     """The configurations of the chosen workloads, in table order."""
-    return [c for module in selected_modules(args) for c in module.configs(args.workers)]
+    return [c for module in selected_modules(args) for c in module.configs(args.workers) if args.only in c.key]
 
 
 def selected_comparisons(args: argparse.Namespace) -> list[Comparison]:

@@ -20,7 +20,8 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ._index import read_index, summarize, walk_shard
 from ._members import is_gzip_file
-from ._open import iter_chunks, local_path_of
+from ._open import local_path_of
+from ._samples import open_origin
 from ._tar import TarMember
 
 __all__ = ["cheap_counts", "known_counts", "read_counts"]
@@ -37,7 +38,7 @@ def _sizes_json(directory_url: str) -> Optional[Dict[str, int]]:
             return _sizes_files[directory_url]
     sizes: Optional[Dict[str, int]] = None
     try:
-        data = b"".join(iter_chunks(directory_url.rstrip("/") + "/sizes.json"))
+        data = b"".join(open_origin(directory_url.rstrip("/") + "/sizes.json"))
         sizes = {str(k): int(v) for k, v in json.loads(data).items()}
     except Exception:  # no (readable) sizes.json there: other ways, or no count
         sizes = None

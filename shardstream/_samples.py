@@ -33,7 +33,7 @@ from ._stats import SourceStats
 from ._tar import TarMember
 from .handlers import reraise_exception
 
-__all__ = ["ShardCursor", "TarShardSamples", "shard_range", "shard_samples", "source_url"]
+__all__ = ["ShardCursor", "TarShardSamples", "open_origin", "shard_range", "shard_samples", "source_url"]
 
 Handler = Callable[[BaseException], bool]
 
@@ -152,6 +152,16 @@ def _is_remote(url: str) -> bool:
     return url.startswith(_REMOTE)
 
 
+def open_origin(
+    url: str, start: int = 0, options: Optional[FetchOptions] = None, allow_pipe: Optional[bool] = None
+) -> Iterable[bytes]:
+    """The bytes of `url` from byte `start`, from where it lives: our async fetchers for
+    http(s) and s3 (retries, Range resume, one shared session), else files, `pipe:` and fsspec."""
+    if _is_remote(url):
+        return open_stream(url, options=options, start=start)
+    return iter_chunks(url, allow_pipe=allow_pipe, start=start)
+
+
 def _pulling(stream: ChunkStream) -> bool:
     """A stream still downloading with room in its buffer (it holds a connection busy)."""
     return stream.downloading and stream.buffered_bytes < stream.options.prefetch_bytes
@@ -240,9 +250,7 @@ class TarShardSamples(PipelineStage):
         return ready if ready is not None else self._origin(url, start)
 
     def _origin(self, url: str, start: int = 0) -> Iterable[bytes]:
-        if _is_remote(url):
-            return open_stream(url, options=self.fetch_options, start=start)
-        return iter_chunks(url, allow_pipe=self.allow_pipe, start=start)
+        return open_origin(url, start, self.fetch_options, self.allow_pipe)
 
     def _open_ahead(self, url: str, start: int) -> Optional[ChunkStream]:
         """Start downloading a remote shard now (unless it is served from the cache)."""
@@ -344,8 +352,6 @@ class TarShardSamples(PipelineStage):
                 busy = sum(1 for ready in streams if _pulling(ready))
                 if ahead and (busy >= self.shards_in_flight or sum(r.buffered_bytes for r in streams) >= budget):
                     return
-                if len(ahead) >= self.shards_in_flight and not streams:
-                    return  # local shards: nothing to fetch ahead
                 index, item = next(numbered, (0, _NO_ITEM))
                 if item is _NO_ITEM:
                     exhausted = True
@@ -353,6 +359,11 @@ class TarShardSamples(PipelineStage):
                 url, _ = source_url(item, False)
                 resumed = index == resume_item and resume_sample
                 ahead.append((index, item, None if resumed else self._open_ahead(url, shard_range(item)[0])))
+                if local_path_of(url) is not None:
+                    # Read in place: nothing to fetch ahead. Pulling no further than the shard
+                    # about to be read also keeps sources that act on each pull working, as with
+                    # webdataset (DirectoryShardList recycles the previous shard).
+                    return
 
         try:
             while True:
