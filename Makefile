@@ -1,12 +1,25 @@
-# The README's two commands: `make demo` and `make test`. Both bootstrap .venv on a fresh machine.
+# The README's two commands: `make demo` and `make test`. Both bootstrap .venv on a fresh machine;
+# `make test` also builds .venv-clip, the venv of the OpenCLIP end-to-end test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# OpenCLIP's end-to-end test (tests/test_openclip.py) runs in a venv of its own: OpenCLIP needs
+# torchvision, and the index's torchvision is built against the index's (CUDA) torch, not the CPU
+# wheel of $(VENV). It runs on CPU all the same. pip's --isolated ignores this machine's pip config,
+# whose find-links would otherwise pick the local CPU torch wheel.
+CLIP_VENV ?= .venv-clip
+CLIP_PY := $(CLIP_VENV)/bin/python
+CLIP_STAMP := $(CLIP_VENV)/.installed
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+CLIP_PIP := $(CLIP_PY) -m pip install --quiet --isolated --disable-pip-version-check --timeout 120 \
+	$(if $(wildcard $(CA_BUNDLE)),--cert $(CA_BUNDLE))
 
-.PHONY: demo test bench bench-raw venv clean
+.PHONY: demo test bench bench-raw venv clip-venv clean
 
 venv: $(STAMP)
+
+clip-venv: $(CLIP_STAMP)
 
 # torch is pinned for the test environment only (a CPU wheel that this machine keeps on disk);
 # the package itself asks for a range in its `torch` extra.
@@ -20,12 +33,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
-test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+$(CLIP_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(CLIP_VENV)
+	$(CLIP_PIP) "torch==2.13.0" "torchvision==0.28.*" "open-clip-torch==3.3.0" pandas
+	$(CLIP_PIP) -e ".[image]"
+	touch $(CLIP_STAMP)
+
+test: $(STAMP) $(CLIP_STAMP)
+	OPENCLIP_PYTHON="$(abspath $(CLIP_PY))" $(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/resume.py
 
 clean:
-	rm -rf $(VENV) demo-data benchmarks/out
+	rm -rf $(VENV) $(CLIP_VENV) demo-data benchmarks/out
