@@ -1,7 +1,7 @@
 """OpenCLIP's own training entry point on shardstream, end to end: open-clip-torch 3.3.0's
 `open_clip_train.main`, unmodified, run as
 
-    torchrun --nproc_per_node=2 -m shardstream.run -m open_clip_train.main --dataset-type webdataset ...
+    torchrun --nproc_per_node=2 -m -- shardstream.run -m open_clip_train.main --dataset-type webdataset ...
 
 (gloo on CPU, two DataLoader workers per rank) on a generated jpg+txt shard set, with a tiny CLIP
 given through OpenCLIP's own `local-dir:` model schema. Once with `--dataset-resampled
@@ -94,12 +94,13 @@ def _train(python, shards, model, workdir, name, *extra):
     probe.mkdir(parents=True)
     cmd = [
         python, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}", "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}", "-m", "shardstream.run", "-m", "open_clip_train.main",
+        f"--master_port={_free_port()}", "-m", "--", "shardstream.run", "-m", "open_clip_train.main",
         "--train-data", shards, "--dataset-type", "webdataset", *extra,
         "--model", f"local-dir:{model}", "--batch-size", str(BATCH), "--workers", str(WORKERS),
         "--epochs", str(EPOCHS), "--lr", "1e-3", "--warmup", "2", "--precision", "fp32", "--seed", "0",
-        "--device", "cpu", "--dist-backend", "gloo", "--log-every-n-steps", "1", "--name", name,
-    ]  # no --logs: torchrun's parser takes it for an ambiguous --logs-specs; OpenCLIP logs to ./logs
+        "--device", "cpu", "--dist-backend", "gloo", "--log-every-n-steps", "1",
+        "--logs", str(workdir / "logs"), "--name", name,
+    ]  # the `--`: without it torchrun's parser takes OpenCLIP's --logs for an ambiguous --logs-specs
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=PROBE, OPENCLIP_PROBE_DIR=str(probe), HF_HUB_OFFLINE="1")
     start = time.monotonic()
