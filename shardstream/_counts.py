@@ -23,6 +23,7 @@ from ._members import is_gzip_file
 from ._open import local_path_of
 from ._samples import open_origin
 from ._tar import TarMember
+from ._urls import shard_name
 
 __all__ = ["cheap_counts", "known_counts", "read_counts"]
 
@@ -50,7 +51,7 @@ def _sizes_json(directory_url: str) -> Optional[Dict[str, int]]:
 def _given(url: str, given: Mapping[str, int]) -> Optional[int]:
     if url in given:
         return int(given[url])
-    name = url.rsplit("/", 1)[-1].split("?", 1)[0]
+    name = shard_name(url)
     return int(given[name]) if name in given else None
 
 
@@ -75,7 +76,7 @@ def _count_one(url: str, given: Mapping[str, int], walk: bool) -> Optional[int]:
     count = _given(url, given)
     if count is not None:
         return count
-    directory, _, name = url.rpartition("/")
+    directory, name = url.rpartition("/")[0], shard_name(url)
     sizes = _sizes_json(directory or ".")
     if sizes is not None and name in sizes:
         return sizes[name]

@@ -7,8 +7,9 @@ translated into this tree in one place per layer, at the boundary.
 
 from __future__ import annotations
 
-import re
 from typing import Optional
+
+from ._redact import redact, redact_url
 
 __all__ = [
     "FetchError",
@@ -18,23 +19,9 @@ __all__ = [
     "ShardNotFound",
     "ShardStreamError",
     "UsageError",
+    "describe",
     "redact_url",
 ]
-
-# user:password@ in the authority part, and credential-looking query parameters.
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
-_SECRET_QUERY = re.compile(
-    r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|token|"
-    r"access_token|password|passwd|secret|key|apikey|api_key)=)[^&#]*"
-)
-
-
-def redact_url(url: object) -> str:
-    """Return `url` as text with credentials (userinfo, signed-URL query values) replaced by ***."""
-    text = str(url)
-    text = _USERINFO.sub(r"\1***@", text)
-    return _SECRET_QUERY.sub(r"\1***", text)
-
 
 class ShardStreamError(Exception):
     """Base of every error shardstream raises on purpose.
@@ -115,3 +102,15 @@ class FetchTimeout(FetchError, TimeoutError):
 
 class ShardNotFound(FetchError, FileNotFoundError):
     """The URL names nothing (HTTP 404, missing S3 key, missing file); never retried."""
+
+
+def describe(exn: BaseException) -> str:
+    """What a warning says about an error: its repr and the chain of causes (a decode error's
+    reason, e.g. the JSON error, is its __cause__), credentials redacted."""
+    parts, seen = [repr(exn)], {id(exn)}
+    cause = exn.__cause__ or exn.__context__
+    while cause is not None and id(cause) not in seen and len(parts) < 4:
+        seen.add(id(cause))
+        parts.append(repr(cause))
+        cause = cause.__cause__ or cause.__context__
+    return redact(", caused by ".join(parts))

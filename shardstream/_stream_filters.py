@@ -18,6 +18,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from ._ranks import pytorch_worker_info
+from ._redact import redact
 from ._stages import PipelineStage, clean_cut
 from ._torch import is_tensor
 
@@ -211,9 +212,9 @@ def _info(data, fmt=None, n=3, every=-1, width=50, stream=sys.stderr, name=""):
             if fmt is None:
                 print("---", name, file=stream)
                 for k, v in sample.items():
-                    print(k, repr(v)[:width], file=stream)
+                    print(k, redact(repr(v))[:width], file=stream)  # redact before cutting a URL short
             else:
-                print(fmt.format(**sample), file=stream)
+                print(redact(fmt.format(**sample)), file=stream)
         yield sample
 
 

@@ -13,12 +13,17 @@ import braceexpand
 
 from ._errors import UsageError
 
-__all__ = ["envsubst", "expand_urls"]
+__all__ = ["envlookup", "envsubst", "expand_urls", "shard_name"]
 
 _VAR = re.compile(r"\$\{(\w+)\}")
 
 
-def _lookup(match: "re.Match[str]") -> str:
+def envlookup(match: "re.Match[str]") -> str:
+    """The value for a `${NAME}` match: WDS_NAME, else NAME (webdataset reads only WDS_NAME).
+
+    Raises:
+        UsageError: neither variable is set.
+    """
     name = match.group(1)
     # webdataset looks up ${NAME} as WDS_NAME; plain NAME is accepted as a fallback.
     for key in ("WDS_" + name, name):
@@ -30,7 +35,7 @@ def _lookup(match: "re.Match[str]") -> str:
 def envsubst(spec: str) -> str:
     """Replace `${NAME}` by the value of WDS_NAME (or NAME), repeatedly, at most ten rounds."""
     for _ in range(10):
-        expanded = _VAR.sub(_lookup, spec)
+        expanded = _VAR.sub(envlookup, spec)
         if expanded == spec:
             break
         spec = expanded
@@ -50,3 +55,8 @@ def expand_urls(urls: Union[str, Iterable[str]]) -> List[str]:
             result.extend(braceexpand.braceexpand(envsubst(part)))
         return result
     return list(urls)
+
+
+def shard_name(url: str) -> str:
+    """The file name of a shard URL or path, without query or fragment (what sizes.json keys)."""
+    return url.split("#", 1)[0].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]

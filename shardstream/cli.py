@@ -12,8 +12,10 @@ from ._errors import ShardStreamError, UsageError
 from ._index import scan_shard, write_index, write_sizes
 from ._keys import base_plus_ext
 from ._members import iter_members
-from ._open import iter_chunks, local_path_of
-from ._urls import expand_urls
+from ._open import local_path_of
+from ._redact import redact
+from ._samples import open_origin
+from ._urls import expand_urls, shard_name
 
 __all__ = ["main"]
 
@@ -26,7 +28,7 @@ def _cmd_inspect(args) -> int:
         if i >= args.n:
             break
         fields = {k: (len(v) if isinstance(v, bytes) else v) for k, v in sample.items()}
-        print(json.dumps(fields, ensure_ascii=False, default=str))
+        print(redact(json.dumps(fields, ensure_ascii=False, default=str)))
     return 0
 
 
@@ -35,7 +37,7 @@ def _cmd_verify(args) -> int:
     totals = {"shards": 0, "samples": 0, "members": 0, "bytes": 0}
     for url in expand_urls(args.urls):
         try:
-            summary = scan_shard(url, iter_chunks(url))
+            summary = scan_shard(url, open_origin(url))
         except ShardStreamError as exn:
             failed += 1
             print(f"FAIL {exn}")
@@ -45,23 +47,25 @@ def _cmd_verify(args) -> int:
         totals["members"] += summary.members
         totals["bytes"] += summary.bytes
         if args.verbose:
-            print(f"ok   {url}: {summary.count} samples, {summary.members} members, fields {summary.fields}")
+            print(f"ok   {redact(url)}: {summary.count} samples, {summary.members} members, fields {summary.fields}")
     print(json.dumps({**totals, "failed": failed}))
     return 1 if failed else 0
 
 
 def _cmd_index(args) -> int:
+    urls = expand_urls(args.urls)
+    paths = [local_path_of(url) for url in urls]
+    sizes_dirs = {os.path.dirname(path) for path in paths if path is not None}
+    if args.sizes is None and (None in paths or len(sizes_dirs) != 1):
+        raise UsageError("the shards are not all in one local directory: say where to write sizes.json with --sizes PATH")
     counts = {}
-    sizes_dirs = set()
-    for url in expand_urls(args.urls):
-        path = local_path_of(url)
-        summary = scan_shard(url, iter_chunks(url))
-        counts[os.path.basename(url)] = summary.count
+    for url, path in zip(urls, paths):
+        summary = scan_shard(url, open_origin(url))
+        counts[shard_name(url)] = summary.count  # the file name: never a query string (signed URLs)
         if path is not None and not args.no_idx:
             write_index(path + ".idx", summary)
-        sizes_dirs.add(os.path.dirname(path) if path is not None else ".")
-        print(f"{url}: {summary.count} samples")
-    target = args.sizes or (os.path.join(sizes_dirs.pop(), "sizes.json") if len(sizes_dirs) == 1 else "sizes.json")
+        print(f"{redact(url)}: {summary.count} samples")
+    target = args.sizes or os.path.join(sizes_dirs.pop(), "sizes.json")
     write_sizes(target, counts)
     print(f"wrote {target}")
     return 0
@@ -79,11 +83,16 @@ def _safe_target(root: str, name: str) -> str:
 def _cmd_extract(args) -> int:
     os.makedirs(args.dest, exist_ok=True)
     count = 0
-    for name, data, _offset in iter_members(iter_chunks(args.url), args.url):
+    for name, data, offset in iter_members(open_origin(args.url), args.url):
+        if "\0" in name:
+            raise UsageError("member name holds a NUL byte", url=args.url, member=name.replace("\0", "\\0"), offset=offset)
         target = _safe_target(args.dest, name)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "wb") as f:
-            f.write(data)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+        except OSError as exn:  # e.g. a file "a" and then "a/b.txt"
+            raise UsageError(f"cannot extract: {exn.strerror}", url=args.url, member=name, offset=offset) from exn
         count += 1
     print(f"extracted {count} members to {args.dest}")
     return 0
@@ -150,8 +159,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ShardStreamError as exn:
-        print(f"error: {exn}", file=sys.stderr)
+    except (ShardStreamError, OSError) as exn:
+        print(f"error: {redact(exn)}", file=sys.stderr)
         return 1
 
 

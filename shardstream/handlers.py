@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import warnings
 
+from ._errors import describe
+
 __all__ = [
     "ignore_and_continue",
     "ignore_and_stop",
@@ -37,13 +39,15 @@ def ignore_and_stop(exn: BaseException) -> bool:
 
 def warn_and_continue(exn: BaseException) -> bool:
     """Warn, skip the failing item and go on."""
-    warnings.warn(repr(exn), stacklevel=2)
-    log.warning("skipped after error: %r", exn)
+    message = describe(exn)
+    warnings.warn(message, stacklevel=2)
+    log.warning("skipped after error: %s", message)
     return True
 
 
 def warn_and_stop(exn: BaseException) -> bool:
     """Warn and stop the stream."""
-    warnings.warn(repr(exn), stacklevel=2)
-    log.warning("stopped after error: %r", exn)
+    message = describe(exn)
+    warnings.warn(message, stacklevel=2)
+    log.warning("stopped after error: %s", message)
     return False

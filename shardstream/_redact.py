@@ -1,0 +1,59 @@
+"""Credentials out of every text we show or write: one function, used by errors, logs and the CLI.
+
+`redact(text)` works on a URL or on any text that may hold URLs (an error message, a `pipe:`
+command, a log line):
+
+- userinfo of every `scheme://` URL, whatever characters the password holds (`@` included:
+  the userinfo runs to the *last* `@` of the authority), also a careless `user:pa/ss@host`;
+- the value of every `name=value` whose name looks secret: `token`, `*_token`, `key`, `*_key`,
+  `secret`, `*signature` (AWS and GCS signed URLs), `*credential`, `sig`, `password`, ...
+- in commands: `-u user:pass` / `--user`, and `Authorization:` header values.
+
+Redaction errs on the side of hiding: `?monkey=1` loses its value too.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["redact", "redact_url"]
+
+MASK = "***"
+
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")  # to the next space: a password may hold quotes
+_PORT = re.compile(r":\d*$")
+_SECRET_NAME = r"[\w.-]*(?:key|token|secret|signature|password|passwd|credential|auth)[\w.-]*|sig|pwd|pass"
+_ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&;:\s'\"(,])(?:{_SECRET_NAME})=)[^&#;\s'\"]*")
+_USER_OPTION = re.compile(r"((?:^|\s)(?:-u\s*|--user[=\s]+|--password[=\s]+))(['\"]?)[^\s'\"]+")
+_AUTH_HEADER = re.compile(r"(?i)(authorization\s*:\s*)[^'\"\n]+")
+
+
+def _userinfo(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    end = len(rest)
+    for delimiter in "?#":
+        found = rest.find(delimiter)
+        if found != -1:
+            end = min(end, found)
+    before_query = rest[:end]
+    slash = before_query.find("/")
+    authority = before_query if slash == -1 else before_query[:slash]
+    at = authority.rfind("@")
+    if at == -1:
+        # `user:pa/ss@host`: a "/" in the password ends the authority early; an authority with a
+        # colon that is not a port, and an "@" later on, is taken as userinfo all the same.
+        at = before_query.rfind("@")
+        if at == -1 or ":" not in authority or _PORT.search(authority):
+            return url
+    return f"{scheme}://{MASK}@{rest[at + 1:]}"
+
+
+def redact(text: object) -> str:
+    """`text` as a string with every credential it holds replaced by ***."""
+    result = _URL.sub(lambda m: _userinfo(m.group(0)), str(text))
+    result = _ASSIGNMENT.sub(rf"\1{MASK}", result)
+    result = _USER_OPTION.sub(rf"\1\2{MASK}", result)
+    return _AUTH_HEADER.sub(rf"\1{MASK}", result)
+
+
+redact_url = redact  # the name the rest of the package (and its users) know
