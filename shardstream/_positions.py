@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
+from ._errors import UsageError
 from ._stages import resume_clean
 
 __all__ = ["Counted", "InlinePositions", "pivot_wrapper", "resume_pivot"]
@@ -47,8 +48,14 @@ class Counted:
     def __next__(self) -> Any:
         if self._skip:
             nxt, self._skip = self._it.__next__, 0
-            for _ in range(self.n):
-                nxt()
+            for done in range(self.n):
+                try:
+                    nxt()
+                except StopIteration:
+                    raise UsageError(
+                        f"the resume position is after item {self.n} of this stage, but it yields {done}: "
+                        "the state was saved from another dataset or pipeline"
+                    ) from None
         item = next(self._it)
         self.n += 1
         return item

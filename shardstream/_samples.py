@@ -333,9 +333,12 @@ class TarShardSamples(PipelineStage):
         items = iter(src)
         cursor = cursor if cursor is not None else ShardCursor()
         resume_item, resume_sample, resume_offset = (int(position[0]), int(position[1]), position[2]) if position else (0, 0, None)
-        for _ in range(resume_item):  # shard-list items finished before the resume point
+        for passed in range(resume_item):  # shard-list items finished before the resume point
             if next(items, _NO_ITEM) is _NO_ITEM:
-                return
+                raise UsageError(
+                    f"the resume position is at shard item {resume_item}, but this pass has {passed}: "
+                    "the state was saved from another dataset or layout"
+                )
         numbered = enumerate(items, resume_item)
         ahead: Deque[Tuple[int, Any, Optional[ChunkStream]]] = deque()
 

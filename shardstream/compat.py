@@ -18,6 +18,7 @@ from ._samples import TarShardSamples
 from ._shardcache import cache_from_options
 from ._split import EqualSplit
 from ._stages import clean_cut, resume_clean
+from ._statecheck import STATE_FORMAT, check_state, fingerprint
 from ._stream_filters import SeededShuffle
 from ._torch import DataLoader
 from .handlers import reraise_exception
@@ -368,6 +369,7 @@ class WebLoader(DataPipeline, FluidInterface):
         pending = self._pending  # loaded, not started yet: still that state
         counts, positions = worker_view(pending) if pending is not None else (self._consumed, self._positions)
         return {
+            "format": STATE_FORMAT, "fingerprint": fingerprint(self._fingerprinted()),
             "epoch": self._dataset.epoch,
             "per_worker": {str(k): v for k, v in counts.items()},
             "positions": {str(k): v for k, v in positions.items() if v is not None},
@@ -382,12 +384,16 @@ class WebLoader(DataPipeline, FluidInterface):
     def _workers(self) -> int:
         return max(1, getattr(self.pipeline[0], "num_workers", 0))
 
+    def _fingerprinted(self) -> List[Any]:
+        """The stages a state describes: the dataset's, then the loader's own after its items."""
+        return [*self._dataset.pipeline, *self.pipeline[2:]]
+
     def load_state_dict(self, state: Any) -> None:
         """Continue the saved epoch: `state` is this loader's `state_dict()`, or the list of
         every rank's (`gather_states`) to finish it on another world size or worker count."""
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
-        own, history = choose_state(state, self._dataset._layout(self._workers()))
+        own, history = choose_state(check_state(state, self._fingerprinted(), "loader"), self._dataset._layout(self._workers()))
         state = own if own is not None else self._dataset._elastic(history)
         self._dataset._load(state)
         self._dataset._warn_unseeded()

@@ -22,6 +22,7 @@ from ._resume import (
     worker_view,
 )
 from ._split import SHARD_SPLIT, EqualSplit, check_history
+from ._statecheck import STATE_FORMAT, check_state, fingerprint
 from ._stages import PipelineStage
 from ._stats import PipelineStats
 from ._torch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
@@ -120,8 +121,14 @@ class PipelineIterator:
 
     def __next__(self) -> Any:
         while self._skip:  # resuming: replay the epoch deterministically up to the checkpoint
+            try:
+                self._next_item()
+            except StopIteration:
+                raise UsageError(
+                    f"the saved state says {self.delivered} items were delivered, but the epoch ends "
+                    f"after {self.delivered - self._skip}: it was saved from another dataset or pipeline"
+                ) from None
             self._skip -= 1
-            self._next_item()
         if self._tag is None:
             return self._next_item()
         if self._tag < 0:
@@ -268,6 +275,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         resumed from on another layout. Plain JSON-safe data."""
         delivered, position, passes = self.progress()
         return {
+            "format": STATE_FORMAT, "fingerprint": fingerprint(self.pipeline),
             "epoch": self.epoch, "delivered": delivered, "position": position, "passes": passes,
             "layout": self._layout(1), "split": self._split_history,
         }
@@ -294,7 +302,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         in is entered at the byte offset of the next sample (local file, disk-cache hit or HTTP/S3
         Range request; a gzip shard is read from its start or its `.idx`). Otherwise the epoch is
         replayed and the items delivered before the checkpoint are skipped."""
-        own, history = choose_state(state, self._layout(1))
+        own, history = choose_state(check_state(state, self.pipeline, "dataset"), self._layout(1))
         self._load(own if own is not None else self._elastic(history))
         self._warn_unseeded()
 

@@ -133,3 +133,97 @@ def test_extract_reports_bad_member_names_without_a_traceback(tmp_path, names):
     code, out = _cli("extract", str(shard), str(dest), cwd=tmp_path)
     assert code == 1 and out.startswith("error: ") and "Traceback" not in out
     assert "member=" in out and "offset=" in out
+
+
+# --- saved states are checked, never accepted blindly ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("states")
+    first = [write_tar(str(root / f"a-{n}.tar"), [m for i in range(n * 5, n * 5 + 5) for m in sample_members(i, exts=("cls",))])
+             for n in range(3)]
+    other = [write_tar(str(root / f"b-{n}.tar"), [m for i in range(n * 5, n * 5 + 5) for m in sample_members(i, exts=("cls",))])
+             for n in range(3)]
+    return first, other
+
+
+def _dataset(shards):
+    return wds.WebDataset(shards, shardshuffle=False).to_tuple("__key__")
+
+
+def _state_after(shards, n):
+    ds = _dataset(shards)
+    it = iter(ds)
+    for _ in range(n):
+        next(it)
+    return ds.state_dict()
+
+
+def test_a_state_from_another_dataset_is_refused(two_datasets):
+    first, other = two_datasets
+    state = _state_after(first, 4)
+    with pytest.raises(wds.UsageError, match="another dataset"):
+        _dataset(other).load_state_dict(state)
+    with pytest.raises(wds.UsageError, match="another pipeline"):
+        _dataset(first).batched(2).load_state_dict(state)
+
+
+def test_re_signed_urls_are_the_same_dataset():
+    from shardstream._statecheck import fingerprint
+
+    urls = [f"https://bucket.example/train-{i}.tar" for i in range(3)]
+    signed = lambda sig: [f"{u}?X-Amz-Signature={sig}&X-Amz-Date=1" for u in urls]  # noqa: E731
+    prints = [fingerprint([wds.SimpleShardList(u)]) for u in (urls, signed("a"), signed("b"))]
+    assert prints[0] == prints[1] == prints[2]
+    assert fingerprint([wds.SimpleShardList(urls[:2])]) != prints[0]
+
+
+@pytest.mark.parametrize("garbage, message", [
+    ({"foo": 1}, "not a saved dataset state"),
+    ({}, "not a saved dataset state"),
+    (None, "got NoneType"),
+    ("state", "got str"),
+    ([], "empty"),
+    ({"delivered": -1}, "count >= 0"),
+    ({"delivered": 1, "position": [0, "x", 0, 0]}, "malformed resume position"),
+])
+def test_garbage_states_are_refused(two_datasets, garbage, message):
+    with pytest.raises(wds.UsageError, match=message):
+        _dataset(two_datasets[0]).load_state_dict(garbage)
+
+
+def test_a_newer_format_is_refused_and_an_older_one_loads(two_datasets):
+    first, _ = two_datasets
+    state = _state_after(first, 4)
+    with pytest.raises(wds.UsageError, match="newer shardstream"):
+        _dataset(first).load_state_dict(dict(state, format=99))
+    older = {k: v for k, v in state.items() if k not in ("format", "fingerprint")}
+    ds = _dataset(first)
+    ds.load_state_dict(older)
+    assert [k for (k,) in ds] == [f"s{i:04d}" for i in range(4, 15)]
+
+
+@pytest.mark.parametrize("change", [
+    dict(delivered=10**9, position=None),  # replayed: the epoch is shorter
+    dict(position=[0, 50, 0, 0]),  # seek: past the last shard
+])
+def test_out_of_range_positions_are_an_error_not_an_empty_epoch(two_datasets, change):
+    first, _ = two_datasets
+    ds = _dataset(first)
+    ds.load_state_dict(dict(_state_after(first, 4), **change))
+    with pytest.raises(wds.UsageError, match="another dataset"):
+        list(ds)
+
+
+def test_a_count_position_past_the_end_is_an_error(two_datasets):
+    first, _ = two_datasets
+    build = lambda: wds.WebDataset(first, shardshuffle=False).shuffle(5, seed=1).to_tuple("__key__")  # noqa: E731
+    ds = build()
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    assert len(state["position"]) == 2  # a count position (a shuffle holds samples back)
+    resumed = build()
+    resumed.load_state_dict(dict(state, position=[0, 10**6]))
+    with pytest.raises(wds.UsageError, match="another dataset"):
+        list(resumed)
