@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ._index import read_index, summarize, walk_shard
-from ._members import is_gzip_file
+from ._members import is_compressed_file
 from ._open import local_path_of
 from ._samples import open_origin
 from ._tar import TarMember
@@ -60,7 +60,7 @@ def _walked_count(path: str, url: str) -> Optional[int]:
         st = os.stat(path)
     except OSError:
         return None  # missing: the loader reports it when it gets there
-    if is_gzip_file(path):
+    if is_compressed_file(path):
         return None  # counting it means inflating it all
     key = (path, st.st_size, st.st_mtime)
     with _lock:

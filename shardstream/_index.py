@@ -12,7 +12,7 @@ import os
 from typing import Dict, Iterable, List, Tuple
 
 from ._keys import base_plus_ext, is_meta
-from ._members import is_gzip_file, iter_members, mapped_member_batches
+from ._members import is_compressed_file, iter_members, mapped_member_batches
 from ._open import local_path_of
 from ._tar import TarMember
 
@@ -103,7 +103,7 @@ def index_position(url: str, sample: int) -> Tuple[int, int]:
     """Where to start reading to reach sample number `sample` of a shard: (byte offset, samples
     still to skip from there). Uses the `.idx` beside a local shard; (0, sample) without one."""
     path = local_path_of(url)
-    if path is None or not os.path.exists(path + ".idx") or is_gzip_file(path):
+    if path is None or not os.path.exists(path + ".idx") or is_compressed_file(path):
         return 0, sample  # (a gzip shard's offsets are in the inflated stream: no seeking)
     entries = read_index(path + ".idx")
     if sample >= len(entries):

@@ -12,12 +12,12 @@ import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from ._errors import FetchError, ShardNotFound
-from ._gzip import GZIP_MAGIC
+from ._codecs import MAGIC_BYTES, sniff
 from ._malloc import tune_malloc
 from ._stats import SourceStats
 from ._tar import TarMember, TarReader
 
-__all__ = ["chunk_member_batches", "is_gzip_file", "iter_members", "mapped_member_batches", "member_batches"]
+__all__ = ["chunk_member_batches", "is_compressed_file", "iter_members", "mapped_member_batches", "member_batches"]
 
 WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members held at once
 _PAGE = mmap.PAGESIZE
@@ -126,13 +126,16 @@ def _preader(fd: int, base: int, url: str) -> Callable[[int, int], bytes]:
     return read_range
 
 
-def is_gzip_file(path: str) -> bool:
-    """Whether the file at `path` starts with the gzip magic bytes (False if unreadable)."""
+def is_compressed_file(path: str) -> bool:
+    """Whether the file at `path` starts like a gzip, bzip2 or xz stream (False if unreadable):
+    such a shard is streamed through its decompressor, never memory-mapped, and its member
+    offsets are in the decompressed stream."""
     try:
         with open(path, "rb") as f:
-            return f.read(2) == GZIP_MAGIC
+            head = f.read(MAGIC_BYTES)
     except OSError:
         return False
+    return sniff(head)[0] is not None
 
 
 def member_batches(
@@ -147,7 +150,7 @@ def member_batches(
     archive): mapped when it is a local uncompressed file, else fed in chunks. `info`, when
     given, gets "compressed": whether member offsets can be used to seek in the shard's bytes."""
     tune_malloc()
-    if local_path is not None and not is_gzip_file(local_path):
+    if local_path is not None and not is_compressed_file(local_path):
         if info is not None:
             info["compressed"] = False
         return mapped_member_batches(local_path, url, stats, start_offset)

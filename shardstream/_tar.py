@@ -1,10 +1,10 @@
-"""Sans-IO tar reader: feed bytes of a (possibly gzip-compressed) tar stream, get regular files.
+"""Sans-IO tar reader: feed bytes of a tar stream (plain, gzip, bzip2 or xz), get regular files.
 
 `TarReader` follows stdlib `tarfile`'s reading rules (USTAR prefix, GNU longname/longlink, PAX
 per-file and global headers, base-256 numbers, both checksum variants, which types count as
 regular files and which carry data), so on a valid archive it lists exactly the members, names
 and offsets that `tarfile.open(mode="r|*")` lists as regular files. Unlike tarfile it is strict:
-a bad header, a truncated archive or a corrupt gzip stream raises `FormatError` instead of
+a bad header, a truncated archive or a corrupt compressed stream raises `FormatError` instead of
 quietly ending the archive. (Header fields it has no use for, such as mode or mtime, go unchecked.)
 
 It does no I/O: callers read bytes however they like and feed chunks of any size, and chunk
@@ -19,7 +19,8 @@ import zlib
 from typing import List, NamedTuple, Optional, Tuple
 
 from ._errors import FormatError
-from ._gzip import GZIP_MAGIC, GzipInflater
+from ._codecs import sniff
+from ._gzip import GzipInflater
 
 __all__ = ["TarMember", "TarReader"]
 
@@ -63,7 +64,8 @@ class TarReader:
 
     Args:
         url: used only in error messages.
-        compressed: None detects gzip by its magic bytes; True requires gzip; False means raw tar.
+        compressed: None detects gzip, bzip2 and xz by their magic bytes; True requires gzip;
+            False means raw tar.
         start_offset: the input begins at this offset of an uncompressed archive, at a header
             (resuming mid-shard from an index); member offsets are reported from the archive
             start. PAX global headers before that point are not seen.
@@ -81,7 +83,7 @@ class TarReader:
         self._payloads = payloads
         self._compressed = False if start_offset else compressed
         self._inflater = GzipInflater() if compressed else None
-        self._head = b""  # first byte, held back while gzip detection needs a second one
+        self._head = b""  # first bytes, held back while they may begin a codec's magic (see _codecs)
         self._fed = False
         self._buf = b""  # bytes being parsed; _buf[_pos:] is not consumed yet
         self._pos = 0
@@ -123,13 +125,14 @@ class TarReader:
         self._fed = True
         if self._compressed is None:
             data = self._head + data
-            if data == GZIP_MAGIC[:1]:
+            codec, decided = sniff(data)
+            if not decided:  # the first bytes may begin a codec's magic: wait for more
                 self._head = data
                 return []
             self._head = b""
-            self._compressed = data[:2] == GZIP_MAGIC
-            if self._compressed:
-                self._inflater = GzipInflater()
+            self._compressed = codec is not None
+            if codec is not None:
+                self._inflater = codec()
         inflater = self._inflater
         if inflater is None:
             return self._take(data)
@@ -209,7 +212,7 @@ class TarReader:
         """Signal the end of input; raise FormatError if the archive (or gzip stream) is incomplete."""
         if self._error is not None:
             raise self._error
-        if self._head:  # a lone first byte 0x1f: not gzip after all
+        if self._head:  # the start of a codec's magic, then the end: not compressed after all
             self._compressed, head, self._head = False, self._head, b""
             self.feed(head)
         if not self._fed:

@@ -7,8 +7,10 @@ on first use, so importing this module is cheap. `reference_members` is the orac
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import random
 import tarfile
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
@@ -22,6 +24,10 @@ def reference_members(archive: bytes) -> List[Member]:
     """The regular members of `archive` as stdlib tarfile reads them (mode "r|*")."""
     if archive[:2] == b"\x1f\x8b":
         archive = gzip.decompress(archive)  # handles concatenated members; tarfile's r|gz does not
+    elif archive[:3] == b"BZh":
+        archive = bz2.decompress(archive)  # likewise for concatenated streams
+    elif archive[:6] == b"\xfd7zXZ\x00":
+        archive = lzma.decompress(archive)
     members = []
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r|*") as tf:
         for info in tf:
@@ -277,6 +283,8 @@ _BUILDERS = {
     "empty_archive": _empty_archive,
 }
 _GZIPPED = ("ustar_small", "gnu_longnames", "pax_unicode", "large_member", "no_eof", "special_members")
+_OTHER_CODECS = ("ustar_small", "pax_unicode", "large_member", "no_eof")
+_CODECS = {".bz2": bz2.compress, ".xz": lzma.compress}
 
 
 def _build() -> Dict[str, bytes]:
@@ -284,6 +292,11 @@ def _build() -> Dict[str, bytes]:
     for name in _GZIPPED:
         vectors[name + ".gz"] = gzip.compress(vectors[name], mtime=0)
     vectors["concatenated.gz"] = _concatenated_gzip(vectors["ustar_small"])
+    for suffix, compress in _CODECS.items():
+        for name in _OTHER_CODECS:
+            vectors[name + suffix] = compress(vectors[name])
+        archive = vectors["ustar_small"]  # concatenated streams, cut off block boundaries
+        vectors["concatenated" + suffix] = compress(archive[:700]) + compress(archive[700:])
     return vectors
 
 
@@ -310,6 +323,9 @@ class _LazyVectors(Mapping):
 VECTORS: Mapping[str, bytes] = _LazyVectors()
 
 # Every vector name, known without building them (for pytest parametrization).
-NAMES = tuple(_BUILDERS) + tuple(n + ".gz" for n in _GZIPPED) + ("concatenated.gz",)
+NAMES = (
+    tuple(_BUILDERS) + tuple(n + ".gz" for n in _GZIPPED) + ("concatenated.gz",)
+    + tuple(n + suffix for suffix in _CODECS for n in (*_OTHER_CODECS, "concatenated"))
+)
 # Vectors small enough to feed one byte at a time.
 SMALL = tuple(name for name in NAMES if "large" not in name)
