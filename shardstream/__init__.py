@@ -34,6 +34,7 @@ from ._samples import TarShardSamples
 from ._shim import install_as_webdataset
 from ._stages import clean_cut
 from ._stats import PipelineStats
+from ._subprocess import SubprocessLoader
 from ._tar import TarMember, TarReader
 from .autodecode import (
     Continue,
@@ -134,6 +135,7 @@ __all__ = [
     "ShardStreamError",
     "ShardWriter",
     "SimpleShardList",
+    "SubprocessLoader",
     "TarMember",
     "TarReader",
     "TarShardSamples",

@@ -20,6 +20,7 @@ from ._split import EqualSplit
 from ._stages import clean_cut, resume_clean
 from ._statecheck import STATE_FORMAT, check_state, fingerprint
 from ._stream_filters import SeededShuffle
+from ._subprocess import SubprocessLoader
 from ._torch import DataLoader
 from .handlers import reraise_exception
 from .pipeline import WORKER_END, DataPipeline, Tagged
@@ -255,9 +256,16 @@ class WebLoader(DataPipeline, FluidInterface):
     With a shardstream dataset and `batch_size=None` (the usual way: the dataset batches), it is
     stateful in the torchdata StatefulDataLoader convention: `state_dict()` records how many items
     each worker has delivered, and `load_state_dict()` makes the next epoch continue after them.
+
+    `subprocess=True` (or a dict of SubprocessLoader options, e.g. {"buffer": 8}) runs the
+    loader, engine threads and all, in one helper process instead of this one (num_workers=0);
+    its batches arrive through shared memory. See SubprocessLoader.
     """
 
-    def __init__(self, *args, **kw) -> None:
+    def __init__(self, *args, subprocess=False, **kw) -> None:
+        if subprocess and kw.get("num_workers", 0):
+            raise UsageError("WebLoader(subprocess=True) runs the pipeline with threads in one helper process: "
+                             "leave num_workers at 0")
         args = list(args)
         dataset = args[0] if args else kw.get("dataset")
         self._stateful = isinstance(dataset, DataPipeline) and kw.get("batch_size", 1) is None
@@ -277,7 +285,10 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_epoch = 0  # the epoch the next iteration gets unless set_epoch was called
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
-        super().__init__(DataLoader(*args, **kw), self._untag)
+        loader = DataLoader(*args, **kw)
+        if subprocess:
+            loader = SubprocessLoader(loader, **(subprocess if isinstance(subprocess, dict) else {}))
+        super().__init__(loader, self._untag)
 
     def __iter__(self):
         it = super().__iter__()

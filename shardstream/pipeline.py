@@ -42,6 +42,11 @@ def add_length_method(obj):
     return obj
 
 
+def _runs_elsewhere(source: Any) -> bool:
+    """A source whose pipeline runs in other processes: a torch DataLoader, a SubprocessLoader."""
+    return is_dataloader(source) or bool(getattr(source, "runs_in_other_processes", False))
+
+
 class _WorkerEnd:
     def __reduce__(self):
         return (_worker_end, ())
@@ -414,7 +419,8 @@ class DataPipeline(IterableDataset, PipelineStage):
             return False
         # A DataLoader source forks worker processes; keep it in the caller's thread (forking
         # while other threads hold locks is unsafe) and let its workers do the parallel work.
-        return not is_dataloader(self.pipeline[0])
+        # A SubprocessLoader's helper does the work too: a thread here would only add a hop.
+        return not _runs_elsewhere(self.pipeline[0])
 
     def iterator1(
         self, position: Optional[Sequence[Any]] = None, track: bool = False, resumed: bool = False
@@ -465,6 +471,24 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._progress = None
         return it
 
+    def _follow(self, iterator: Any) -> Tuple[int, Any, int]:
+        """A pass of a copy of this pipeline runs in another process (SubprocessLoader), and
+        `iterator` reports its progress (`delivered`, `position`, `pass_base`) as a
+        PipelineIterator does: do what __iter__ does here, bar running, so that progress() and
+        state_dict() describe that pass. Returns the progress before its first item."""
+        resume = self._resume
+        if resume is not None and "delivered" in resume:
+            passes = resume.get("passes")
+            start = (resume["delivered"], resume.get("position"), self._passes_started if passes is None else int(passes))
+        else:
+            start = (0, None, self._passes_started)
+        if resume is None:
+            self._split_history = None  # a fresh epoch
+        self._resume = None
+        self._progress = None
+        self._last_iterator = weakref.ref(iterator)
+        return start
+
     def _advance_passes(self, passes: int) -> None:
         """Resuming in pass `passes` of a with_epoch/repeat iteration: let the stages that
         count their own passes (detshuffle, seeded shuffles, the splitter, resampled shards)
@@ -485,7 +509,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def _trackable(self, config: EngineConfig) -> bool:
         # Unordered output has no position to speak of; a DataLoader source (WebLoader) keeps
         # positions per worker instead.
-        return (config.ordered or not self._use_engine(config)) and not is_dataloader(self.pipeline[0])
+        return (config.ordered or not self._use_engine(config)) and not _runs_elsewhere(self.pipeline[0])
 
     def seekable(self) -> bool:
         """Whether a pass can be resumed by position rather than replayed (see `_positions`)."""

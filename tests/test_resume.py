@@ -105,6 +105,30 @@ def test_resume_webloader(shardset, name, workers):
     )
 
 
+@pytest.mark.parametrize("name", ["source", "seeded_sample_shuffle", "partial_batches", "detshuffle"])
+def test_resume_subprocess(shardset, name):
+    """The pipeline runs in a helper process; its state follows the items received here."""
+    check_resume(lambda: wds.SubprocessLoader(STAGES[name](shardset), buffer=2), checkpoints=(0, 3, 11), seeks=name in SEEKABLE)
+
+
+@pytest.mark.parametrize("name", ["source", "seeded_sample_shuffle"])
+def test_resume_webloader_subprocess(shardset, name):
+    check_resume(
+        lambda: wds.WebLoader(STAGES[name](shardset), batch_size=None, subprocess=True),
+        checkpoints=(0, 3, 11), seeks=name in SEEKABLE,
+    )
+
+
+@pytest.mark.parametrize("loader", ["direct", "subprocess"])
+def test_resume_device_prefetcher(shardset, loader):
+    """The prefetcher runs ahead of the consumer; its state is that of the last batch handed out."""
+    def build():
+        dataset = STAGES["partial_batches"](shardset)
+        return wds.DevicePrefetcher(dataset if loader == "direct" else wds.SubprocessLoader(dataset), device="cpu", depth=3)
+
+    check_resume(build, checkpoints=(0, 2, 5), seeks=True)
+
+
 @pytest.mark.parametrize("engine", [True, False])
 def test_resume_with_epoch_by_position(shardset, engine):
     def build():

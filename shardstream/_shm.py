@@ -1,0 +1,200 @@
+"""Objects across processes with their arrays in shared memory: one segment per object, the rest pickled.
+
+The sender pickles an object (a batch: any nesting of tuples, lists, dicts, namedtuples,
+dataclasses, ...) with a pickler whose `persistent_id` takes every numpy array and CPU tensor
+out of the pickle: their bytes go into one `multiprocessing.shared_memory` segment, at aligned
+offsets, and the pickle keeps only (offset, dtype, shape). The receiver maps the segment,
+unlinks its name at once (the memory lives as long as a mapping does) and unpickles with
+`persistent_load` building numpy arrays and tensors over the mapping: no copy on that side.
+
+Tensors go the same way as arrays, not through torch's own reductions: those pass a file
+descriptor per tensor through a connection the *sender* serves, so every receive waits for the
+sender's GIL (77 ms median per batch measured with two busy Python threads in the sender, 1 ms
+idle); here the receiver needs nothing from the sender. Tensors the byte route cannot carry
+(not on the CPU, sparse, requiring grad, subclasses) fall back to torch's reductions.
+
+Segments are named `prefix + sequence number`, so whoever outlives the other can remove the
+ones still pending without a listing (`unlink_segments`).
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import sys
+from multiprocessing import resource_tracker
+from multiprocessing.reduction import ForkingPickler
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["Encoded", "SegmentWriter", "decode", "unlink_segment", "unlink_segments"]
+
+_ALIGN = 64
+_DEV_SHM = "/dev/shm"
+
+
+class Encoded(tuple):
+    """(segment name or None, segment size, pickle bytes): what crosses the pipe."""
+
+    __slots__ = ()
+
+
+def _leaf_bytes(obj: Any) -> Optional[Tuple[str, Any, Tuple[int, ...], int]]:
+    """(kind, dtype, shape, nbytes) of an array or tensor the byte route can carry, else None."""
+    if type(obj) is np.ndarray:
+        if obj.dtype.hasobject:
+            return None
+        return "a", obj.dtype, obj.shape, obj.nbytes
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor:
+        if obj.device.type != "cpu" or obj.layout != torch.strided or obj.requires_grad or obj.is_quantized:
+            return None
+        return "t", obj.dtype, tuple(obj.shape), obj.numel() * obj.element_size()
+    return None
+
+
+class _Pickler(ForkingPickler):
+    """Pickles with arrays and tensors replaced by references into the segment."""
+
+    def __init__(self, file: Any, leaves: List[Tuple[int, Any]]) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.leaves = leaves
+        self.size = 0
+        self.seen: Dict[int, Any] = {}  # the same array twice in a batch is copied once
+
+    def persistent_id(self, obj: Any) -> Any:
+        pid = self.seen.get(id(obj))
+        if pid is not None:
+            return pid
+        info = _leaf_bytes(obj)
+        if info is None:
+            return None
+        kind, dtype, shape, nbytes = info
+        offset = self.size
+        self.size = offset + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        if nbytes:
+            self.leaves.append((offset, obj))
+        pid = (kind, offset, dtype if kind == "a" else str(dtype).rpartition(".")[2], shape, nbytes)
+        self.seen[id(obj)] = pid
+        return pid
+
+
+def _create(name: str, size: int) -> SharedMemory:
+    try:
+        return SharedMemory(name, create=True, size=size, track=False)  # type: ignore[call-arg]  # 3.13+
+    except TypeError:
+        shm = SharedMemory(name, create=True, size=size)
+        # The receiver (or our own cleanup) unlinks it; the resource tracker must not.
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        return shm
+
+
+class SegmentWriter:
+    """The sender's side: `encode(obj)` writes its arrays into segment `prefix + n`."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.sequence = 0  # the number the next segment gets
+
+    def encode(self, obj: Any) -> Encoded:
+        if "torch" in sys.modules and "torch.multiprocessing" not in sys.modules:
+            import torch.multiprocessing  # noqa: F401  # registers the fallback reductions
+        buffer = io.BytesIO()
+        leaves: List[Tuple[int, Any]] = []
+        pickler = _Pickler(buffer, leaves)
+        pickler.dump(obj)
+        if not leaves:
+            return Encoded((None, 0, buffer.getvalue()))
+        name = f"{self.prefix}{self.sequence}"
+        self.sequence += 1
+        shm = _create(name, pickler.size)
+        try:
+            for offset, leaf in leaves:
+                _write(shm.buf, offset, leaf)
+        finally:
+            shm.close()
+        return Encoded((name, pickler.size, buffer.getvalue()))
+
+
+def _write(buf: memoryview, offset: int, leaf: Any) -> None:
+    if isinstance(leaf, np.ndarray):
+        np.copyto(np.ndarray(leaf.shape, leaf.dtype, buffer=buf, offset=offset), leaf, casting="no")
+        return
+    import torch
+
+    nbytes = leaf.numel() * leaf.element_size()
+    target = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    target.view(leaf.dtype).view(leaf.shape).copy_(leaf)  # strided sources too; releases the GIL
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: Any, memory: Any) -> None:
+        super().__init__(file)
+        self.memory = memory
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, offset, dtype, shape, nbytes = pid
+        if kind == "a":
+            if not nbytes:
+                return np.empty(shape, dtype)
+            return np.ndarray(shape, dtype, buffer=self.memory, offset=offset)
+        import torch
+
+        dtype = getattr(torch, dtype)
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(self.memory, dtype=torch.uint8, count=nbytes, offset=offset)
+        return flat.view(dtype).view(shape)
+
+
+def _take(name: str, size: int) -> Any:
+    """Map segment `name` and remove its name: the mapping keeps the memory alive."""
+    path = os.path.join(_DEV_SHM, name)
+    if os.path.isdir(_DEV_SHM):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            memory = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        os.unlink(path)
+        return memory
+    # No /dev/shm to map by path (macOS): one copy out of the segment.
+    shm = SharedMemory(name)
+    try:
+        return bytearray(shm.buf[:size])
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+def decode(encoded: Encoded) -> Any:
+    """The receiver's side: the object, its arrays and tensors viewing the mapped segment."""
+    name, size, payload = encoded
+    memory = _take(name, size) if name is not None else None
+    return _Unpickler(io.BytesIO(payload), memory).load()
+
+
+def unlink_segment(name: str) -> None:
+    """Remove a segment's name if it still exists."""
+    if os.path.isdir(_DEV_SHM):
+        try:
+            os.unlink(os.path.join(_DEV_SHM, name))
+        except FileNotFoundError:
+            pass
+        return
+    try:
+        shm = SharedMemory(name)
+    except FileNotFoundError:
+        return
+    shm.close()
+    shm.unlink()
+
+
+def unlink_segments(prefix: str, first: int, stop: int) -> None:
+    """Remove segments prefix+first .. prefix+(stop-1) that still exist (those never received)."""
+    for number in range(first, stop):
+        unlink_segment(f"{prefix}{number}")

@@ -1,0 +1,251 @@
+"""SubprocessLoader: the pipeline in one helper process, items through shared memory.
+
+Same items as in-process (structure kept, arrays as views of shared memory), a small recipe at
+start-up, errors with the helper's traceback, a killed helper is an error and never a hang,
+shutdown on break / exit / parent death, and no shared-memory segment left behind."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import mmap
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import shardstream as wds
+from shardstream import SubprocessLoader
+
+warnings.filterwarnings("ignore", message=".*shardshuffle.*")
+
+pytestmark = pytest.mark.timeout(60)
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "subprocess_parent.py")
+Pair = collections.namedtuple("Pair", "image label")
+
+
+@dataclasses.dataclass
+class Record:
+    arrays: list
+    name: str
+
+
+class Structured:
+    """Items with every kind of nesting, arrays and tensors of several dtypes, other leaves."""
+
+    def __init__(self, n: int = 6) -> None:
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield {
+                "pair": Pair(np.full((3, 4), i, np.uint8), torch.tensor([i, -i])),
+                "record": Record([np.arange(5, dtype=np.float64) * i, torch.ones(2, 3, dtype=torch.bfloat16) * i], f"r{i}"),
+                "strided": np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2] + i,
+                "tensor_t": torch.arange(6, dtype=torch.float32).reshape(2, 3).t() + i,
+                "empty": np.zeros((0, 3), np.float32),
+                "objects": np.array(["a", None], dtype=object),
+                "text": ("x" * i, [i, {"k": b"bytes"}]),
+            }
+
+
+class Sleeper:
+    def __iter__(self):
+        yield 1
+        time.sleep(60)
+        yield 2
+
+
+def _boom(sample):
+    if sample["__key__"].endswith("3"):
+        raise ValueError(f"boom at {sample['__key__']}")
+    return sample
+
+
+def _segments() -> list:
+    """Our shared-memory segments on this machine (other processes' are theirs)."""
+    prefix = f"shardstream-{os.getpid()}-"
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix)) if os.path.isdir("/dev/shm") else []
+
+
+def _keyed(shards, **kw):
+    return wds.WebDataset(shards, shardshuffle=False, **kw).to_tuple("__key__", "__url__")
+
+
+def _arrays(shards):
+    return wds.WebDataset(shards, shardshuffle=False).decode().to_tuple("npy", "__key__").batched(2)
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert type(b) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a, b) if a.dtype != object else list(a) == list(b)
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif dataclasses.is_dataclass(a):
+        assert type(a) is type(b)
+        for f in dataclasses.fields(a):
+            _same(getattr(a, f.name), getattr(b, f.name))
+    else:
+        assert a == b
+
+
+def test_items_keep_structure_and_arrays_are_shared_memory_views():
+    expected = list(Structured())
+    got = list(SubprocessLoader(Structured()))
+    assert len(got) == len(expected)
+    for a, b in zip(expected, got):
+        _same(a, b)
+    item = got[-1]
+    assert isinstance(item["pair"].image.base, mmap.mmap)  # a view of the mapped segment, no copy
+    assert item["pair"].image.flags.writeable
+    assert _segments() == []
+
+
+def test_same_batches_as_in_process(shardset):
+    dataset = _keyed(shardset).batched(5)
+    expected = list(dataset)
+    loader = SubprocessLoader(dataset, buffer=2)
+    assert list(loader) == expected
+    assert list(loader) == expected  # a second epoch: a new helper
+
+
+def test_recipe_is_the_stage_list_not_the_data(shardset):
+    dataset = wds.WebDataset(shardset, shardshuffle=False, cache_memory_bytes=1 << 24).decode().to_tuple("__key__", "__url__")
+    loader = SubprocessLoader(dataset)
+    before = len(loader.recipe())
+    list(dataset)  # fills the memory cache tier with every shard's bytes
+    after = len(loader.recipe())
+    shard_bytes = sum(os.path.getsize(s) for s in shardset)
+    assert before < 8192 and after < 8192 < shard_bytes, (before, after, shard_bytes)
+    assert abs(after - before) < 256  # cache contents stay behind
+
+
+def test_unpicklable_dataset_fails_at_iter_here(shardset):
+    dataset = _keyed(shardset).map(lambda x: x)
+    with pytest.raises(wds.UsageError, match="pickle"):
+        iter(SubprocessLoader(dataset))
+
+
+def test_error_in_helper_is_raised_here_with_its_traceback(shardset):
+    dataset = wds.WebDataset(shardset, shardshuffle=False).map(_boom).to_tuple("__key__", "__url__")
+    with pytest.raises(ValueError, match="boom at") as info:
+        list(SubprocessLoader(dataset))
+    cause = info.value.__cause__
+    assert isinstance(cause, wds._subprocess.RemoteTraceback)
+    assert "_boom" in cause.text and "test_subprocess.py" in cause.text
+    assert any("helper process" in note for note in getattr(info.value, "__notes__", []))
+    assert _segments() == []
+
+
+def test_killed_helper_is_an_error_not_a_hang(shardset):
+    it = iter(SubprocessLoader(_arrays(shardset[4:5]), buffer=3))
+    next(it)
+    time.sleep(0.3)  # segments wait in the buffer
+    os.kill(it.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(wds.ShardStreamError, match="SIGKILL"):
+        for _ in it:
+            pass
+    assert time.monotonic() - start < 5
+    assert _segments() == []
+
+
+def test_break_stops_the_helper_and_frees_its_segments(shardset):
+    loader = SubprocessLoader(_arrays(shardset[4:5]), buffer=3)
+    it = iter(loader)
+    next(it)
+    pid = it.pid
+    time.sleep(0.3)
+    assert _segments()  # the helper ran ahead
+    del it  # what leaving a for loop does
+    assert not _alive(pid)
+    assert _segments() == []
+
+
+def test_timeout(shardset):
+    it = iter(SubprocessLoader(Sleeper(), timeout=0.5))
+    assert next(it) == 1
+    start = time.monotonic()
+    with pytest.raises(wds.ShardStreamError, match="within 0.5 s"):
+        next(it)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("mode", ["kill", "exit"])
+def test_helper_dies_with_its_parent(shardset, mode):
+    proc = subprocess.Popen([sys.executable, SCRIPT, mode, *shardset[4:5]], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+        if mode == "kill":
+            proc.kill()
+        proc.wait(20)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    while _alive(info["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(info["pid"])
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(info["prefix"])] == []
+
+
+def test_spawn_context(shardset):
+    dataset = _keyed(shardset[:2])
+    assert list(SubprocessLoader(dataset, context="spawn", preload=())) == list(dataset)
+
+
+def test_state_and_automatic_epochs_follow_the_helper(shardset):
+    def build():
+        return _keyed(shardset, seed=3).shuffle(10)
+
+    here = build()
+    epochs_here = [list(here), list(here)]
+    loader = SubprocessLoader(build())
+    assert [list(loader), list(loader)] == epochs_here  # the second pass is the next epoch, as here
+    it = iter(loader)
+    [next(it) for _ in range(4)]
+    state = loader.state_dict()
+    assert state["delivered"] == 4 and state["passes"] == 2  # the third pass, 4 items in
+    here_it = iter(here)
+    [next(here_it) for _ in range(4)]
+    assert here.state_dict() == state
+
+
+def test_webloader_subprocess_matches_in_process(shardset):
+    dataset = _arrays(shardset[4:5])
+    expected = list(wds.WebLoader(dataset, batch_size=None, num_workers=0))
+    got = list(wds.WebLoader(dataset, batch_size=None, subprocess=True))
+    assert len(got) == len(expected)
+    for a, b in zip(expected, got):
+        _same(a, b)
+    with pytest.raises(wds.UsageError):
+        wds.WebLoader(dataset, batch_size=None, num_workers=2, subprocess=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie not reaped yet is dead too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
