@@ -15,7 +15,7 @@ from ._errors import FetchError, ShardNotFound
 from ._codecs import MAGIC_BYTES, sniff
 from ._malloc import tune_malloc
 from ._stats import SourceStats
-from ._tar import TarMember, TarReader
+from ._tar import TAIL_SCAN, TarMember, TarReader
 
 __all__ = ["chunk_member_batches", "is_compressed_file", "iter_members", "mapped_member_batches", "member_batches"]
 
@@ -103,7 +103,10 @@ def mapped_member_batches(
             if hasattr(mapped, "madvise") and done - released >= WINDOW:
                 mapped.madvise(mmap.MADV_DONTNEED, released, done - released)
                 released = done
-        rest = view[pos:size].tobytes() if pos < size and not reader.finished else b""
+        if reader.finished:  # what follows the archive: only looked at for a stray header
+            rest = view[pos : min(size, pos + TAIL_SCAN)].tobytes()
+        else:
+            rest = view[pos:size].tobytes() if pos < size else b""
         yield reader.feed(rest) + reader.close()
     finally:
         if view is not None:

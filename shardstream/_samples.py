@@ -309,6 +309,10 @@ class TarShardSamples(PipelineStage):
             samples.close()
             batches.close()
 
+    def _counts_samples(self) -> bool:
+        """Whether this reader sees every sample a count counts (member filters may drop some)."""
+        return self.select_files is None and self.rename_files is None
+
     def _failed(self, exn: Exception, url: str) -> bool:
         """Apply the handler to a shard's error: True means go on with the next shard."""
         if isinstance(exn, ShardStreamError):
@@ -388,6 +392,12 @@ class TarShardSamples(PipelineStage):
                         if not count & 31 and ahead:
                             fill()
                         yield sample
+                    if stop is not None and start + count < stop and self._counts_samples():
+                        raise FormatError(
+                            f"the shard ends after sample {start + count}, but its sample count "
+                            f"(sizes.json, .idx or the split) says at least {stop}: truncated at a member boundary?",
+                            url=url,
+                        )
                 except Exception as exn:
                     if not self._failed(exn, url):
                         return

@@ -22,7 +22,7 @@ from ._errors import FormatError
 from ._codecs import sniff
 from ._gzip import GzipInflater
 
-__all__ = ["TarMember", "TarReader"]
+__all__ = ["TAIL_SCAN", "TarMember", "TarReader"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -33,6 +33,9 @@ _SUPPORTED = (b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"L", b"K",
 _GNU_TYPES = (b"L", b"K", b"S")  # the USTAR prefix field means something else in these
 _EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # headers that describe the next member (or all: g)
 _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
+# After the end-of-archive block, a valid header this close means a damaged shard or concatenated
+# archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB) is zeros.
+TAIL_SCAN = 64 << 10
 _new_member = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
 
 
@@ -98,6 +101,8 @@ class TarReader:
         self._global_applies = False  # whether they change members (path, size, sparse)
         self._finished = False
         self._error: Optional[FormatError] = None  # raised again by every later call
+        self._tail_at = self._tail_stop = 0  # the bytes after the end-of-archive block still to scan
+        self._tail_partial = b""
 
     @property
     def offset(self) -> int:
@@ -173,6 +178,8 @@ class TarReader:
         if self._compressed or self._head or self._pos < len(self._buf) or self._queue:
             raise ValueError("feed_view needs an uncompressed stream with nothing buffered by feed()")
         if len(view) == 0 or self._finished:
+            if self._finished:
+                self._scan_tail(view)
             return [], len(view) if self._finished else 0
         self._fed = True
         self._compressed = False
@@ -191,7 +198,10 @@ class TarReader:
 
     def _take(self, data: bytes) -> List[TarMember]:
         """Add uncompressed tar bytes to the buffer; parse once there is enough to make progress."""
-        if self._finished or not data:
+        if self._finished:
+            self._scan_tail(data)
+            return []
+        if not data:
             return []
         buf, pos = self._buf, self._pos
         if len(buf) - pos + self._queued + len(data) < self._need:
@@ -295,6 +305,9 @@ class TarReader:
                 new_pos = self._step(buf, pos, out)
                 if new_pos == pos or self._finished:
                     pos = new_pos
+                    if self._finished:
+                        self._tail_at, self._tail_stop = base + pos, base + pos + TAIL_SCAN
+                        self._scan_tail(buf[pos : min(end, pos + TAIL_SCAN)])
                     break
                 pos = new_pos
                 plain = self._ext is None and not self._global_applies
@@ -411,6 +424,24 @@ class TarReader:
             out.append(TarMember(name, buf[pos + BLOCK : pos + BLOCK + size] if self._payloads else b"", offset))
         self._ext = self._dangling = None
         return stop
+
+    def _scan_tail(self, data) -> None:
+        """Raise if a valid header follows the end-of-archive block within TAIL_SCAN bytes;
+        `data` continues the bytes after that block."""
+        left = self._tail_stop - self._tail_at - len(self._tail_partial)
+        if left <= 0 or not len(data):
+            return
+        data = self._tail_partial + bytes(data[:left])
+        whole = len(data) - len(data) % BLOCK
+        for start in range(0, whole, BLOCK):
+            block = data[start : start + BLOCK]
+            if block != _ZERO_BLOCK and _checksum_ok(block):
+                raise self._fail(
+                    "a tar header after the end-of-archive block: a damaged shard (zero blocks in the "
+                    "middle) or concatenated archives", offset=self._tail_at + start,
+                )
+        self._tail_at += whole
+        self._tail_partial = data[whole:]
 
     def _stall(self, pos: int, stop: int, member: str, offset: int) -> int:
         self._need, self._stalled = stop - pos, (member, offset)

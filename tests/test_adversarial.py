@@ -227,3 +227,53 @@ def test_a_count_position_past_the_end_is_an_error(two_datasets):
     resumed.load_state_dict(dict(state, position=[0, 10**6]))
     with pytest.raises(wds.UsageError, match="another dataset"):
         list(resumed)
+
+
+# --- verify is exactly as strict as the loader ---------------------------------------------------
+
+def _bad_shards(root):
+    import io
+    import tarfile
+
+    def tar(path, entries, fmt=tarfile.USTAR_FORMAT, global_headers=None):
+        with tarfile.open(path, "w", format=fmt, pax_headers=global_headers or {}) as out:
+            for name, data in entries:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                out.addfile(info, io.BytesIO(data))
+        return str(path)
+
+    good = [(f"s{i}.{ext}", b"x") for i in range(4) for ext in ("cls", "txt")]
+    shards = {
+        "good": tar(root / "good.tar", good),
+        "duplicate member": tar(root / "dup.tar", good[:2] + [("s0.txt", b"again")] + good[2:]),
+        "PAX global path": tar(root / "global.tar", good, tarfile.PAX_FORMAT, {"path": "same.txt"}),
+    }
+    whole = open(shards["good"], "rb").read()
+    (root / "concat.tar").write_bytes(whole + whole)
+    shards["concatenated archives"] = str(root / "concat.tar")
+    return shards
+
+
+def test_verify_fails_exactly_the_shards_the_loader_fails(tmp_path):
+    for kind, shard in _bad_shards(tmp_path).items():
+        try:
+            list(wds.WebDataset(shard, shardshuffle=False))
+            loader_ok = True
+        except wds.FormatError:
+            loader_ok = False
+        code, out = _cli("verify", shard, cwd=tmp_path)
+        assert (code == 0) == loader_ok == (kind == "good"), (kind, out)
+
+
+def test_a_shard_cut_at_a_member_boundary_fails_when_its_count_says_more(tmp_path, monkeypatch):
+    shard = write_tar(str(tmp_path / "cut.tar"), [m for i in range(4) for m in sample_members(i, exts=("cls",))])
+    (tmp_path / "sizes.json").write_text(json.dumps({"cut.tar": 6}))  # written before the shard lost samples
+    code, out = _cli("verify", shard, cwd=tmp_path)
+    assert code == 1 and "sizes.json / .idx says 6" in out
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    other = write_tar(str(tmp_path / "other.tar"), [m for i in range(10, 16) for m in sample_members(i, exts=("cls",))])
+    splitter = wds.EqualSplit(counts={"cut.tar": 6, "other.tar": 6}, shuffle=False)
+    with pytest.raises(wds.FormatError, match="says at least 6"):
+        list(wds.WebDataset([shard, other], shardshuffle=False, nodesplitter=splitter))

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tarvectors import NAMES, SMALL, VECTORS, patch_header, reference_members
+import tarvectors
 
 import shardstream._tar
 from shardstream._errors import FormatError
@@ -477,3 +478,43 @@ def test_reader_modules_do_no_io():
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 assert node.func.id not in ("open", "__import__", "exec", "eval"), (module, node.func.id)
     assert seen == {"_tar", "_codecs", "_gzip", "_errors", "_redact"}
+
+
+# --- nothing after the end of the archive but padding or garbage -----------------------------
+
+
+def _after_end(kind: str) -> bytes:
+    first = VECTORS["ustar_small"]  # ends with two zero blocks (and record padding)
+    second = tarvectors._tar([("late.txt", b"late")])
+    if kind == "concatenated":
+        return first + second
+    if kind == "zero blocks mid-archive":
+        head = tarvectors._tar([("a.txt", b"a")], format=tarfile.GNU_FORMAT)[:1024]  # header + payload block
+        return head + bytes(1024) + second
+    return first + bytes(20 * 512)  # record padding only
+
+
+@pytest.mark.parametrize("kind", ["concatenated", "zero blocks mid-archive"])
+@pytest.mark.parametrize("chunking", ["whole", "bytes", "4k"])
+def test_a_header_after_the_end_of_archive_is_an_error(kind, chunking):
+    data = _after_end(kind)
+    step = {"whole": len(data), "bytes": 1, "4k": 4096}[chunking]
+    members, error = feed_until_error(data, [data[i : i + step] for i in range(0, len(data), step)])
+    assert error is not None and "after the end-of-archive" in error.message
+    eoa = data.index(bytes(1024))
+    assert eoa < error.offset <= eoa + 1024 + 10240 and error.offset % 512 == 0
+    assert members == reference_members(data[:eoa] + bytes(1024))  # what came before is handed out
+
+
+def test_padding_after_the_end_of_archive_is_fine():
+    data = _after_end("padding")
+    assert read([data]) == reference("ustar_small")
+
+
+def test_a_local_shard_with_a_header_after_its_end_fails_to_load(tmp_path):
+    import shardstream as wds
+
+    path = tmp_path / "two.tar"
+    path.write_bytes(_after_end("concatenated"))
+    with pytest.raises(FormatError, match="after the end-of-archive"):
+        list(wds.WebDataset(str(path), shardshuffle=False))
