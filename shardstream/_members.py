@@ -73,7 +73,7 @@ def mapped_member_batches(
     mapped = view = None
     try:
         size = os.fstat(fd).st_size
-        reader = TarReader(url, start_offset=start_offset, payloads=payloads)
+        reader = TarReader(url, start_offset=start_offset, payloads=payloads, size=size)
         if size == 0 or start_offset >= size:
             yield reader.close()  # raises "empty file"
             return

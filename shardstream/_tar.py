@@ -74,16 +74,19 @@ class TarReader:
             start. PAX global headers before that point are not seen.
         payloads: False hands out members with empty `data` and never touches payload bytes:
             with `feed_view` over a memory map, walking a shard reads only its header pages.
+        size: the archive's length when known (a local uncompressed file): a header claiming
+            more bytes than are left fails at once, instead of buffering the rest of the shard.
     """
 
     def __init__(
         self, url: Optional[str] = None, *, compressed: Optional[bool] = None, start_offset: int = 0,
-        payloads: bool = True,
+        payloads: bool = True, size: Optional[int] = None,
     ) -> None:
         if start_offset and compressed:
             raise ValueError("start_offset needs an uncompressed archive")
         self._url = url
         self._payloads = payloads
+        self._size = size
         self._compressed = False if start_offset else compressed
         self._inflater = GzipInflater() if compressed else None
         self._head = b""  # first bytes, held back while they may begin a codec's magic (see _codecs)
@@ -444,6 +447,11 @@ class TarReader:
         self._tail_partial = data[whole:]
 
     def _stall(self, pos: int, stop: int, member: str, offset: int) -> int:
+        if self._size is not None and not self._compressed and self._base + stop > self._size:
+            raise self._fail(
+                f"truncated tar member: it needs {stop - pos} bytes from its header, the shard has "
+                f"{self._size - self._base - pos} left", member, offset,
+            )
         self._need, self._stalled = stop - pos, (member, offset)
         return pos
 

@@ -53,8 +53,11 @@ def expand_urls(urls: Union[str, Iterable[str]]) -> List[str]:
         result: List[str] = []
         for part in urls.split("::"):
             result.extend(braceexpand.braceexpand(envsubst(part)))
-        return result
-    return list(urls)
+    else:
+        result = list(urls)
+    if any(isinstance(url, str) and not url.strip() for url in result):
+        raise UsageError(f"an empty shard URL in {urls!r} (a stray '::', or an empty list entry)")
+    return result
 
 
 def shard_name(url: str) -> str:

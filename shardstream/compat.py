@@ -22,10 +22,21 @@ from ._statecheck import STATE_FORMAT, check_state, fingerprint
 from ._stream_filters import SeededShuffle
 from ._subprocess import SubprocessLoader
 from ._torch import DataLoader
+from .filters import pipelinefilter
 from .handlers import reraise_exception
 from .pipeline import WORKER_END, DataPipeline, Tagged
+from .tariterators import group_by_keys, tar_file_expander
 
-__all__ = ["FluidInterface", "FluidWrapper", "WebDataset", "WebLoader", "check_empty"]
+__all__ = [
+    "FluidInterface",
+    "FluidWrapper",
+    "WebDataset",
+    "WebLoader",
+    "check_empty",
+    "group_by_keys",
+    "pipelinefilter",
+    "tar_file_expander",
+]
 
 
 class FluidInterface:
@@ -58,8 +69,10 @@ class FluidInterface:
     def map(self, f, handler=reraise_exception):
         return self.compose(filters.map(f, handler=handler))
 
-    def decode(self, *args, pre=None, post=None, only=None, partial=False, handler=reraise_exception):
-        return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial, handler=handler))
+    def decode(self, *args, pre=None, post=None, only=None, partial=False, handler=reraise_exception, allow_pickle=None):
+        """webdataset's decode; `allow_pickle=True` lets this decoder unpickle (refused by default)."""
+        return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial, handler=handler,
+                                           allow_pickle=allow_pickle))
 
     def map_dict(self, handler=reraise_exception, **kw):
         return self.compose(filters.map_dict(handler=handler, **kw))

@@ -277,3 +277,39 @@ def test_a_shard_cut_at_a_member_boundary_fails_when_its_count_says_more(tmp_pat
     splitter = wds.EqualSplit(counts={"cut.tar": 6, "other.tar": 6}, shuffle=False)
     with pytest.raises(wds.FormatError, match="says at least 6"):
         list(wds.WebDataset([shard, other], shardshuffle=False, nodesplitter=splitter))
+
+
+def test_a_huge_claimed_size_fails_at_its_header_without_buffering_the_shard(tmp_path):
+    import tarfile
+    import tracemalloc
+
+    header = tarfile.TarInfo("s0.bin")
+    header.size = (8 << 30) - 1  # ~8 GiB claimed (the most an octal USTAR size field holds)
+    path = tmp_path / "liar.tar"
+    with open(path, "wb") as f:
+        f.write(header.tobuf(tarfile.USTAR_FORMAT))
+        f.write(os.urandom(1 << 20) * 48)  # 48 MiB follow, not 8 GiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(wds.FormatError, match="needs 8589935104 bytes from its header") as caught:
+            list(wds.WebDataset(str(path), shardshuffle=False))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.member == "s0.bin" and caught.value.offset == 0
+    assert peak < 8 << 20, peak
+
+
+def test_decode_says_how_to_allow_pickles_in_a_way_that_works(tmp_path):
+    import pickle
+
+    shard = write_tar(str(tmp_path / "p.tar"), [("s0.pyd", pickle.dumps({"a": 1}))])
+    with pytest.raises(wds.UsageError, match=r"\.decode\(\.\.\., allow_pickle=True\)"):
+        list(wds.WebDataset(shard, shardshuffle=False).decode())
+    assert [s["pyd"] for s in wds.WebDataset(shard, shardshuffle=False).decode(allow_pickle=True)] == [{"a": 1}]
+
+
+@pytest.mark.parametrize("spec", ["a.tar::", "", "::b.tar"])
+def test_empty_urls_are_a_usage_error_not_shard_not_found(spec):
+    with pytest.raises(wds.UsageError, match="empty shard URL"):
+        wds.WebDataset(spec, shardshuffle=False)
