@@ -177,38 +177,29 @@ class DevicePrefetcher:
         self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
 
 
-class PrefetchIterator:
-    """One pass of a DevicePrefetcher: the background thread and the batches it has moved."""
+class _Producer:
+    """The background thread's side (it must not refer to the iterator, whose collection stops it)."""
 
     def __init__(self, source: Iterator[Any], mover: Any, depth: int, snapshot: Optional[Callable[[], Any]]) -> None:
-        self._source = source
-        self._mover = mover
-        self._stop = threading.Event()
-        self._credits = threading.Semaphore(depth)
-        self._channel = Channel("device prefetch", depth + 1, self._stop)
-        self._snapshot = snapshot
-        self.state: Optional[Dict[str, Any]] = None  # the loader's state after the last batch handed out
-        if snapshot is not None:
-            try:
-                self.state = snapshot()
-            except Exception:  # a loader without state (e.g. a non-shardstream dataset)
-                self._snapshot = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._produce, name="shardstream-prefetch", daemon=True)
-        self._thread.start()
+        self.source = source
+        self.mover = mover
+        self.snapshot = snapshot
+        self.stop = threading.Event()
+        self.credits = threading.Semaphore(depth)
+        self.channel = Channel("device prefetch", depth + 1, self.stop)
 
-    def _produce(self) -> None:
-        source, out, snapshot = self._source, self._channel, self._snapshot
+    def run(self) -> None:
+        source, out, snapshot = self.source, self.channel, self.snapshot
         try:
             while True:
-                while not self._credits.acquire(timeout=_POLL_S):
-                    if self._stop.is_set():
+                while not self.credits.acquire(timeout=_POLL_S):
+                    if self.stop.is_set():
                         raise Stopped()
                 try:
                     batch = next(source)
                 except StopIteration:
                     break
-                entry = self._mover.move(batch)
+                entry = self.mover.move(batch)
                 out.put((entry, snapshot() if snapshot is not None else None))
             out.put(END)
         except Stopped:
@@ -221,14 +212,31 @@ class PrefetchIterator:
         finally:
             _close(source)
 
+
+class PrefetchIterator:
+    """One pass of a DevicePrefetcher: the background thread and the batches it has moved."""
+
+    def __init__(self, source: Iterator[Any], mover: Any, depth: int, snapshot: Optional[Callable[[], Any]]) -> None:
+        self.state: Optional[Dict[str, Any]] = None  # the loader's state after the last batch handed out
+        if snapshot is not None:
+            try:
+                self.state = snapshot()
+            except Exception:  # a loader without state (e.g. a non-shardstream dataset)
+                snapshot = None
+        self._producer = _Producer(source, mover, depth, snapshot)
+        self._closed = False
+        self._thread = threading.Thread(target=self._producer.run, name="shardstream-prefetch", daemon=True)
+        self._thread.start()
+
     def __iter__(self) -> "PrefetchIterator":
         return self
 
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
+        producer = self._producer
         try:
-            entry = self._channel.get()
+            entry = producer.channel.get()
         except Stopped:
             raise StopIteration from None
         if entry is END:
@@ -237,24 +245,28 @@ class PrefetchIterator:
         if isinstance(entry, Failure):
             self.close()
             raise entry.exc
-        self._credits.release()
+        producer.credits.release()
         moved, state = entry
         if state is not None:
             self.state = state
-        return self._mover.hand_over(moved)
+        return producer.mover.hand_over(moved)
 
     def close(self) -> None:
         """Stop the thread and close the loader's iterator; safe to call repeatedly."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._channel.drain()
+        producer = self._producer
+        producer.stop.set()
+        producer.channel.drain()
         thread = self._thread
         if thread is not threading.current_thread():
             thread.join(_POLL_S * 4)
             if thread.is_alive():  # blocked in the loader: closing its iterator wakes it
-                _close(self._source)
+                try:
+                    _close(producer.source)
+                except (ValueError, RuntimeError):  # a generator cannot be closed while it runs
+                    pass
                 thread.join(_JOIN_S)
 
     def __del__(self) -> None:

@@ -87,3 +87,13 @@ def test_elastic_resume_on_fewer_ranks(uneven_shards, tmp_path):
     rest = _torchrun(tmp_path / "rest", uneven_shards, "--resume", str(state_file), "--elastic", nproc=1)
     keys = first[0]["keys"] + first[1]["keys"] + rest[0]["keys"]
     assert len(keys) == len(set(keys)) == sum(SIZES)
+
+
+@pytest.mark.timeout(300)
+def test_subprocess_loader_per_rank(uneven_shards, tmp_path):
+    """One helper process per rank (WebLoader(subprocess=True)): equal batch counts, disjoint
+    samples, nothing dropped (its resume is the resume harness's, test_resume.py)."""
+    full = _torchrun(tmp_path / "full", uneven_shards, "--subprocess")
+    assert full[0]["batches"] == full[1]["batches"] > 0
+    a, b = set(full[0]["keys"]), set(full[1]["keys"])
+    assert not a & b and len(a) == len(b) == sum(SIZES) // 2

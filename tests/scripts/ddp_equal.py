@@ -1,10 +1,11 @@
 """Run under `torchrun --nproc_per_node=2`: every rank reads its share of the shards through two
 DataLoader workers and takes part in an all_reduce every step. Writes one JSON per rank.
 
-Usage: ddp_equal.py OUT_DIR SHARD... [--stop-after N] [--resume STATE_JSON] [--elastic]
+Usage: ddp_equal.py OUT_DIR SHARD... [--stop-after N] [--resume STATE_JSON] [--elastic] [--subprocess]
 
 --elastic: states gathered from all ranks with wds.gather_states, so the run can be resumed on
-another number of ranks.
+another number of ranks. --subprocess: each rank's loader runs in one helper process
+(WebLoader(subprocess=True)) instead of two DataLoader workers.
 """
 
 import argparse
@@ -28,6 +29,7 @@ def main():
     parser.add_argument("--resume", default=None, help="a state_dict written by a run with --stop-after")
     parser.add_argument("--epoch", type=int, default=0)
     parser.add_argument("--elastic", action="store_true")
+    parser.add_argument("--subprocess", action="store_true", help="the loader in one helper process per rank")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -39,7 +41,10 @@ def main():
         .batched(4)
     )
     dataset.set_epoch(args.epoch)
-    loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
+    if args.subprocess:
+        loader = wds.WebLoader(dataset, batch_size=None, subprocess=True)
+    else:
+        loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
     if args.resume:
         with open(args.resume) as f:
             saved = json.load(f)
