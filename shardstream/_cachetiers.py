@@ -10,7 +10,7 @@ misses through them; the tiers never decide what to fetch.
 Disk layout of a `DiskTier` (one directory, so every rename is atomic):
 
     <digest>-<basename>                       committed shard bytes (exactly the origin's bytes)
-    .<digest>-<basename>.meta                 sidecar: {"size": ..., "url_sha256": ...}
+    .<digest>-<basename>.meta                 sidecar: size, URL digest, CRC-32 per block (`_cachecheck`)
     .<name>.<host>.<pid>.<random>.tmp         a write in progress (or left by a dead process)
     .locks/<digest>-<basename>, .locks/.evict flock files (never deleted: see `claim`)
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import logging
 import os
 import re
@@ -34,12 +33,16 @@ from urllib.parse import urlparse
 
 from filelock import FileLock, Timeout
 
+from ._cachecheck import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
+
 __all__ = ["DiskTier", "MemoryTier", "TierCounters", "cache_file_name"]
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1 << 20
-TIER_FIELDS = ("hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "discarded", "errors", "bypassed")
+TIER_FIELDS = (
+    "hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "corrupt", "discarded", "errors", "bypassed"
+)
 
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})\.tmp$")
@@ -251,27 +254,6 @@ class MemoryTier:
         self.__init__(state["max_bytes"], name=state["name"])
 
 
-class _FileSource:
-    """A disk hit: an open committed file (it survives eviction by unlink while we read)."""
-
-    def __init__(self, tier: "DiskTier", path: str, f, size: int) -> None:
-        self.tier, self.path, self.file, self.size = tier, path, f, size
-
-    def __iter__(self) -> Iterator[bytes]:
-        read, n = self.file.read, self.tier.chunk_size
-        while True:
-            chunk = read(n)
-            if not chunk:
-                return
-            yield chunk
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-            self.tier._reader_done(self.path)
-
-
 class _DiskWriter:
     """Writes a shard to a private temp file; `commit` renames it into place, `abort` deletes it."""
 
@@ -279,6 +261,7 @@ class _DiskWriter:
         self.tier, self.url, self.temp, self.file = tier, url, temp, f
         self.size = 0
         self.live = True
+        self.digest = BlockDigest(tier.chunk_size)  # computed from the chunks as they are written
 
     def write(self, chunk: bytes) -> None:
         if not self.live:
@@ -293,6 +276,8 @@ class _DiskWriter:
             logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
             self.tier.counters.add(errors=1)
             self.abort()
+            return
+        self.digest.update(chunk)
 
     def commit(self) -> bool:
         if not self.live:
@@ -305,7 +290,7 @@ class _DiskWriter:
             self.tier.counters.add(errors=1, discarded=1)
             _unlink(self.temp)
             return False
-        return self.tier._commit(self.url, self.temp, self.size)
+        return self.tier._commit(self.url, self.temp, self.size, self.digest)
 
     def abort(self) -> None:
         if self.live:
@@ -342,7 +327,8 @@ class DiskTier:
             after it the shard is streamed from the origin without caching.
         stall_timeout: give up waiting sooner when the other process's temp file has not grown
             for this long (a stuck holder, e.g. a training loop waiting on us); None disables.
-        chunk_size: read size when serving hits.
+        chunk_size: the block size of the CRC-32s recorded for new files, and so the read size
+            when serving hits (every block is checked before it is handed out).
     """
 
     shared = True
@@ -394,11 +380,13 @@ class DiskTier:
         head, base = os.path.split(path)
         return os.path.join(head, f".{base}.meta")
 
-    def lookup(self, url: str, *, repair: bool = False) -> Optional[_FileSource]:
-        """An open, validated committed copy of `url` (marked recently used), else None.
+    def lookup(self, url: str, *, repair: bool = False) -> Optional[VerifiedFile]:
+        """An open committed copy of `url` (marked recently used) that checks each block as it
+        is read, else None.
 
-        A file whose size differs from the one recorded at commit (or with no record) is never
-        served; with `repair` (the caller holds `claim(url)`) it is also deleted.
+        A file without a record of its size and block CRCs (e.g. written by an earlier version)
+        or whose size differs from the record is never served; with `repair` (the caller holds
+        `claim(url)`) it is also deleted.
         """
         path = self.path_for(url)
         try:
@@ -410,22 +398,41 @@ class DiskTier:
             self.counters.add(errors=1)
             return None
         try:
-            size = os.fstat(f.fileno()).st_size
-            valid = self._read_meta(path) == (size, _url_digest(url))
+            st = os.fstat(f.fileno())
+            record = read_record(self._meta_path(path))
         except BaseException:
             f.close()
             raise
-        if not valid:
+        if record is None or not record.verifiable(st.st_size, _url_digest(url)):
             f.close()
             if repair:
                 self.counters.add(invalid=1)
-                logger.warning("discarding invalid cached shard %s", path)
+                if record is not None and record.crcs is None:
+                    logger.info("cached shard %s has no recorded digest (an older cache): fetching it again", path)
+                else:
+                    logger.warning("discarding invalid cached shard %s", path)
                 self._remove(path)
             return None
         self._touch(path)
         with self._local():
             self._readers[path] = self._readers.get(path, 0) + 1
-        return _FileSource(self, path, f, size)
+        return VerifiedFile(self, path, f, record, (st.st_dev, st.st_ino), url)
+
+    def discard_corrupt(self, source: VerifiedFile) -> bool:
+        """Delete the committed file that `source` found corrupt, if the path still holds that
+        very file (call while holding `claim(url)`, so no commit can race with the check).
+
+        False when another process already removed or replaced it: a replacement is never
+        deleted on the strength of a failure found in its predecessor.
+        """
+        try:
+            st = os.stat(source.path)
+        except FileNotFoundError:
+            return False
+        if (st.st_dev, st.st_ino) != source.ident:
+            return False
+        self._remove(source.path)
+        return True
 
     def _reader_done(self, path: str) -> None:
         with self._local():
@@ -460,6 +467,20 @@ class DiskTier:
             logger.warning("gave up waiting for another process to cache %s; streaming it uncached", name)
             return None
         return _Claim(self, url, lock)
+
+    def claimed_elsewhere(self, url: str) -> bool:
+        """Whether another process holds `claim(url)` now, i.e. is fetching `url` into this tier
+        (or re-fetching it after finding its file corrupt)."""
+        with self._local():
+            if url in self._writing:  # our own claim: a second stream of ours bypasses the tier
+                return False
+        lock = _file_lock(os.path.join(self._lock_dir, cache_file_name(url)))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return True
+        lock.release()
+        return False
 
     def _claim_done(self, url: str) -> None:
         with self._local():
@@ -512,7 +533,7 @@ class DiskTier:
             return None
         return _DiskWriter(self, url, temp, os.fdopen(fd, "wb"))
 
-    def _commit(self, url: str, temp: str, size: int) -> bool:
+    def _commit(self, url: str, temp: str, size: int, digest: BlockDigest) -> bool:
         path = self.path_for(url)
         meta = self._meta_path(path)
         meta_temp = f"{meta}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -523,8 +544,10 @@ class DiskTier:
             ):
                 self._scan(reserve=size, replacing=path)
                 with open(meta_temp, "w") as f:
-                    json.dump({"size": size, "url_sha256": _url_digest(url)}, f)
-                # Sidecar first: a crash in between leaves an orphan sidecar, never an unchecked shard.
+                    write_record(f, size, _url_digest(url), digest.block_size, digest.finish())
+                # Sidecar first: a crash in between leaves an orphan sidecar, never a shard without
+                # its record (a reader that pairs a new record with the file it replaces finds the
+                # mismatch block by block, like any corruption).
                 os.replace(meta_temp, meta)
                 os.replace(temp, path)
                 self._touch(path)
@@ -596,13 +619,9 @@ class DiskTier:
         _unlink(path)
         _unlink(self._meta_path(path))
 
-    def _read_meta(self, path: str) -> Optional[Tuple[int, str]]:
-        try:
-            with open(self._meta_path(path)) as f:
-                meta = json.load(f)
-            return int(meta["size"]), str(meta["url_sha256"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+    def record(self, url: str) -> Optional[ShardRecord]:
+        """The sidecar record of `url`'s committed file, if any (not checked against the file)."""
+        return read_record(self._meta_path(self.path_for(url)))
 
     @staticmethod
     def _touch(path: str) -> None:

@@ -256,7 +256,7 @@ class TarShardSamples(PipelineStage):
         """Start downloading a remote shard now (unless it is served from the cache)."""
         if self.opener is not None or start or not _is_remote(url):
             return None
-        if self.cache is not None and self.cache.local_path(url) is not None:
+        if self.cache is not None and self.cache.will_serve(url):
             return None
         return open_stream(url, options=self.fetch_options)
 

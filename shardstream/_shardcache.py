@@ -12,15 +12,21 @@ The cache never decides what to fetch: the caller hands it `open_origin(url) -> 
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
+from ._cachecheck import CorruptCacheFile, Resume
 from ._cachetiers import DiskTier, MemoryTier, TierCounters
-from ._errors import UsageError
+from ._errors import UsageError, redact_url
 
 __all__ = ["ShardCache", "cache_from_options"]
 
+logger = logging.getLogger(__name__)
+
 ORIGIN_FIELDS = ("fetches", "bytes_served", "errors")
+_MISS = object()  # no tier holds the shard
+_REREADS = 3  # copies tried in one stream before a corrupt one is an error (a failing disk)
 
 OpenOrigin = Callable[[str], Iterable[bytes]]
 
@@ -48,37 +54,83 @@ class ShardCache:
     def stream(self, url: str, open_origin: OpenOrigin) -> Iterator[bytes]:
         """Yield the bytes of `url` in chunks, from the first tier that has it, else the origin.
 
-        Raises whatever `open_origin` or its iterator raises (after discarding partial writes).
+        Disk-tier bytes are checked block by block before they are yielded. A cached file that
+        fails is evicted (WARNING naming it) and the stream goes on, seamlessly, from a fresh
+        copy: the origin's, or one another process has cached meanwhile.
+
+        Raises whatever `open_origin` or its iterator raises (after discarding partial writes);
+        `CorruptCacheFile` (naming the cache file) when a corrupt cached copy cannot be replaced.
         Close the iterator to stop early; nothing partial is ever committed.
         """
         above: List = []
+        outcome = _MISS
         for tier in self.tiers:
             source = tier.lookup(url)
             if source is not None:
-                yield from self._serve(url, tier, source, above)
-                return
+                outcome = yield from self._serve(url, tier, source, above)
+                break
             above.append(tier)
+        for _ in range(_REREADS):
+            if outcome is None:
+                return
+            outcome = yield from self._claimed(url, open_origin, None if outcome is _MISS else outcome)
+        if outcome is not None:  # copy after copy fails: a failing disk, say
+            claims: Dict[str, object] = {}
+            try:
+                claims = self._claim(url)
+                self._evict(url, outcome, outcome.source.tier.name in claims)  # type: ignore[union-attr]
+            finally:
+                outcome.source.release()  # type: ignore[union-attr]
+                self._release(claims)
+            raise outcome
+
+    def _claim(self, url: str) -> Dict[str, object]:
+        """The claims of the shared tiers that grant one (waiting for other processes' downloads)."""
         claims: Dict[str, object] = {}
         try:
             for tier in self.tiers:
                 if tier.shared:
-                    claim = tier.claim(url)  # may wait for another process's download
+                    claim = tier.claim(url)
                     if claim is not None:
                         claims[tier.name] = claim
+        except BaseException:
+            self._release(claims)
+            raise
+        return claims
+
+    def _claimed(self, url: str, open_origin: OpenOrigin, failure: Optional[CorruptCacheFile]):
+        """Take the shared tiers' claims, then read a copy committed meanwhile or the origin
+        (written through). After a `failure`, evict the corrupt file first and skip the bytes
+        already delivered. Returns None when done, or the failure of another corrupt copy."""
+        resume = Resume(failure) if failure is not None and failure.bad_offset else None
+        claims: Dict[str, object] = {}
+        try:
+            claims = self._claim(url)
+            held = failure.source if failure is not None else None
+            if held is not None:
+                self._evict(url, failure, held.tier.name in claims)  # type: ignore[arg-type]
+            source, index = None, 0
             for index, tier in enumerate(self.tiers):
                 if tier.shared:
                     source = tier.lookup(url, repair=tier.name in claims)
-                    if source is not None:  # committed while we waited: let the others in, read it
-                        self._release(claims)
-                        yield from self._serve(url, tier, source, self.tiers[:index])
-                        return
+                    if source is not None and held is not None and source.ident == held.ident:
+                        source.close()  # the corrupt file itself (not evicted without the claim)
+                        source = None
+                    if source is not None:
+                        break
+            if held is not None:
+                held.release()  # the identity checks are done: the inode may be reused now
+            if source is not None:  # committed while we waited: let the others in, read it
+                self._release(claims)
+                return (yield from self._serve(url, self.tiers[index], source, self.tiers[:index], resume))
             for tier in self.tiers:
                 tier.counters.add(misses=1)
             self.origin.add(fetches=1)
             try:
                 chunks = open_origin(url)
-            except Exception:
+            except Exception as exn:
                 self.origin.add(errors=1)
+                _raise_unreplaced(failure, exn)
                 raise
             writers = []
             for tier in self.tiers:
@@ -86,21 +138,52 @@ class ShardCache:
                     writer = tier.writer(url)
                     if writer is not None:
                         writers.append(writer)
-            yield from self._pump(chunks, self.origin, writers)
+            try:
+                yield from self._pump(chunks, self.origin, writers, resume)
+            except CorruptCacheFile:
+                raise
+            except Exception as exn:
+                _raise_unreplaced(failure, exn)
+                raise
+            return None
         finally:
+            if failure is not None:
+                failure.source.release()  # type: ignore[union-attr]
             self._release(claims)  # after _pump committed: waiters then find the file
 
-    def _serve(self, url: str, tier, source, above: Sequence) -> Iterator[bytes]:
+    def _evict(self, url: str, failure: CorruptCacheFile, claimed: bool) -> None:
+        """Evict the corrupt file `failure` names if we may (we hold its URL's claim), and say so."""
+        source = failure.source
+        tier = source.tier  # type: ignore[union-attr]
+        where = f"cache file {failure.cache_path} failed verification ({failure.reason})"
+        if not claimed:
+            logger.warning("%s; not evicted (another download of the shard is in progress): reading %s from the origin",
+                           where, redact_url(url))
+        elif tier.discard_corrupt(source):
+            logger.warning("%s; evicted it, fetching %s again", where, redact_url(url))
+        else:
+            logger.warning("%s; another process already evicted or replaced it, reading %s again", where, redact_url(url))
+
+    def _serve(self, url: str, tier, source, above: Sequence, resume: Optional[Resume] = None):
+        """Yield a hit's bytes. Returns None when done, or the `CorruptCacheFile` that stopped it."""
         tier.counters.add(hits=1)
         for upper in above:
             upper.counters.add(misses=1)
         # Fill faster private tiers on the way (shared ones would need a claim: not worth it).
         writers = [w for w in (t.writer(url, size_hint=source.size) for t in above if not t.shared) if w is not None]
-        yield from self._pump(source, tier.counters, writers)
+        try:
+            yield from self._pump(source, tier.counters, writers, resume)
+        except CorruptCacheFile as exn:
+            if exn.source is not source:
+                raise
+            tier.counters.add(corrupt=1)
+            return exn
+        return None
 
     @staticmethod
-    def _pump(chunks: Iterable[bytes], counters: TierCounters, writers: List) -> Iterator[bytes]:
-        """Hand each chunk to the consumer and to every writer; commit only a complete stream."""
+    def _pump(chunks: Iterable[bytes], counters: TierCounters, writers: List, resume: Optional[Resume] = None):
+        """Hand each chunk to every writer and to the consumer (after `resume` dropped what was
+        delivered before); commit only a complete stream."""
         complete = False
         iterator = iter(chunks)
         try:
@@ -108,8 +191,16 @@ class ShardCache:
                 for writer in writers:
                     writer.write(chunk)
                 counters.add(bytes_served=len(chunk))
+                if resume is not None and resume.left:
+                    chunk = resume.take(chunk)
+                    if not chunk:
+                        continue
                 yield chunk
+            if resume is not None and resume.left:
+                resume.check_done()  # the copy is shorter than what was delivered: raises
             complete = True
+        except CorruptCacheFile:
+            raise
         except Exception:
             counters.add(errors=1)
             raise
@@ -130,10 +221,11 @@ class ShardCache:
             claim.release()
 
     def local_path(self, url: str) -> Optional[str]:
-        """The path of a validated committed copy of `url` in a disk tier, else None.
+        """The path of a committed copy of `url` in a disk tier (with a record of its size and
+        block CRCs), else None: tells whether `stream` will find the shard cached.
 
-        For a memory-mapped fast path or webdataset's `__local_path__`; the file may be evicted
-        later, so open it promptly (an open file survives eviction).
+        Its bytes are checked only when read through `stream`; whoever reads the path directly
+        gets no such check. The file may be evicted later (an open file survives eviction).
         """
         for tier in self.tiers:
             if isinstance(tier, DiskTier):
@@ -143,24 +235,29 @@ class ShardCache:
                     return source.path
         return None
 
-    def hit_path(self, url: str) -> Optional[str]:
-        """On a disk-tier hit (no faster tier has it), count the hit and return the committed
-        file's path, so the caller can memory-map it instead of streaming it; else None."""
-        above: List = []
+    def will_serve(self, url: str) -> bool:
+        """Whether `stream(url)` will read the shard from the cache rather than fetch it: a tier
+        holds a copy, or another process on the node is fetching it into a shared tier now (the
+        stream waits for that copy). A caller should open no origin stream ahead for such a shard:
+        that would fetch it a second time."""
         for tier in self.tiers:
             if isinstance(tier, DiskTier):
                 source = tier.lookup(url)
-                if source is None:
-                    return None
-                size = source.size
-                source.close()
-                tier.counters.add(hits=1, bytes_served=size or 0)
-                for upper in above:
-                    upper.counters.add(misses=1)
-                return source.path
-            if url in tier:
-                return None
-            above.append(tier)
+                if source is not None:
+                    source.close()
+                    return True
+                if tier.claimed_elsewhere(url):
+                    return True
+            elif url in tier:
+                return True
+        return False
+
+    def hit_path(self, url: str) -> Optional[str]:
+        """Always None: a disk hit is no longer handed out as a path to memory-map, because
+        its bytes must be checked as they are read (`stream` does that, block by block).
+
+        Kept for the shard reader, which maps what this returns and streams otherwise.
+        """
         return None
 
     def stats(self) -> Dict[str, Dict[str, int]]:
@@ -174,6 +271,16 @@ class ShardCache:
 
     def __setstate__(self, state) -> None:
         self.__init__(state["tiers"])
+
+
+def _raise_unreplaced(failure: Optional[CorruptCacheFile], exn: Exception) -> None:
+    """After a corrupt cached copy, an origin error is raised as one that names the cache file."""
+    if failure is not None:
+        raise CorruptCacheFile(
+            f"corrupt cache file {failure.cache_path} ({failure.reason}) was evicted, and reading the shard "
+            f"from the origin failed: {exn}",
+            cache_path=failure.cache_path, url=failure.url, reason=failure.reason, offset=failure.bad_offset,
+        ) from exn
 
 
 def _env_size(text: str) -> int:

@@ -1,0 +1,382 @@
+"""Cache integrity end to end: WebDataset over the test HTTP server with `cache_dir=`, cached
+shards corrupted at the same size (header, payload, trailer), alone and with two processes
+sharing the cache; plus the cache layer's own cases (old records, a changed origin, a failing
+origin, a corrupt file that may not be evicted) and the block digest."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import multiprocessing
+import os
+import pickle
+import random
+import tarfile
+import time
+import warnings
+import zlib
+
+import pytest
+
+import shardstream as wds
+from shardstream._cachecheck import BlockDigest, CorruptCacheFile, read_record
+from shardstream._cachetiers import DiskTier, _file_lock, cache_file_name
+from shardstream._shardcache import ShardCache
+
+pytestmark = pytest.mark.timeout(60)
+warnings.filterwarnings("ignore", message=".*shardshuffle.*")
+
+SAMPLES, PAYLOAD = 12, 256 << 10  # about 3 MiB a shard: four 1 MiB CRC blocks
+NAMES = ["shard-0.tar", "shard-1.tar"]
+
+
+def _shard(seed: int) -> bytes:
+    rng = random.Random(seed)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(SAMPLES):
+            for ext, data in (("bin", rng.randbytes(PAYLOAD)), ("txt", f"sample {seed}/{i}".encode())):
+                info = tarfile.TarInfo(f"s{seed}{i:03d}.{ext}")
+                info.size, info.mtime = len(data), 0
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    contents = {name: _shard(n) for n, name in enumerate(NAMES)}
+    for name, data in contents.items():
+        (root / name).write_bytes(data)
+    return str(root), contents
+
+
+def _where(data: bytes, part: str) -> int:
+    """A byte offset inside the shard: the first header, a payload in the middle, or the
+    end-of-archive blocks."""
+    members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+    if part == "header":
+        return members[0].offset + 10  # inside the first member's name field
+    if part == "payload":
+        middle = members[len(members) // 2 + 1]  # a .bin member past the second block
+        return middle.offset_data + 1000
+    last = members[-1]
+    return last.offset_data + -(-last.size // 512) * 512 + 100  # in the first end-of-archive block
+
+
+def _corrupt(path: str, offset: int, length: int = 16) -> None:
+    """Flip `length` bytes at `offset`, keeping the file's size."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(length)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in old))
+    assert os.path.getsize(path) == size
+
+
+def _digests(samples):
+    return [(s["__key__"], hashlib.sha256(s["bin"]).hexdigest(), s["txt"].decode()) for s in samples]
+
+
+def _expected(files):
+    root = files[0]
+    return _digests(wds.WebDataset([os.path.join(root, n) for n in NAMES], shardshuffle=False))
+
+
+def _read(urls, cache_dir):
+    it = iter(wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir))
+    return _digests(it), it.stats().cache
+
+
+@pytest.mark.parametrize("part", ["header", "payload", "trailer"])
+def test_same_size_corruption_is_evicted_and_fetched_again(server, files, tmp_path, caplog, part):
+    urls = [server.url(n) for n in NAMES]
+    cache_dir = str(tmp_path)
+    expected = _expected(files)
+    first, _ = _read(urls, cache_dir)
+    assert first == expected
+    cached = os.path.join(cache_dir, cache_file_name(urls[0]))
+    _corrupt(cached, _where(files[1][NAMES[0]], part))
+    before = server.stats.snapshot().path_requests
+
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        second, stats = _read(urls, cache_dir)
+    assert second == expected  # never the corrupt bytes, and nothing missing or repeated
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(cached in m and "evicted" in m for m in warned), warned
+    after = server.stats.snapshot().path_requests
+    assert after[NAMES[0]] == before[NAMES[0]] + 1 and after[NAMES[1]] == before[NAMES[1]]
+    assert stats["disk"]["corrupt"] == 1 and stats["origin"]["fetches"] == 1
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        third, stats = _read(urls, cache_dir)  # repaired: all hits, nothing fetched, no warning
+    assert third == expected and stats["disk"]["hits"] == len(NAMES) and stats["origin"]["fetches"] == 0
+    assert server.stats.snapshot().path_requests == after and not caplog.records
+    with open(cached, "rb") as f:
+        assert f.read() == files[1][NAMES[0]]
+
+
+def test_error_names_the_cache_file_when_the_origin_fails_too(server, files, tmp_path):
+    url = server.url(NAMES[0], token="hunter2")
+    cache_dir = str(tmp_path)
+    assert len(_read([url], cache_dir)[0]) == SAMPLES
+    cached = os.path.join(cache_dir, cache_file_name(url))
+    _corrupt(cached, _where(files[1][NAMES[0]], "payload"))
+    server.options.fail_first = {NAMES[0]: 1000}
+    options = wds.FetchOptions(retries=1, backoff_base=0.01, backoff_max=0.02)
+    got = []
+    with pytest.raises(wds.FetchError) as info:
+        for sample in wds.WebDataset([url], shardshuffle=False, cache_dir=cache_dir, fetch_options=options):
+            got.append(sample)
+    message = str(info.value)
+    assert cached in message and "hunter2" not in message and "token=***" in message
+    assert isinstance(info.value, CorruptCacheFile) and info.value.cache_path == cached
+    expected = _expected(files)[:SAMPLES]
+    assert _digests(got) == expected[: len(got)] and 0 < len(got) < SAMPLES  # only good samples, in order
+    assert not os.path.exists(cached)  # evicted all the same
+
+
+# --- two processes sharing one cache directory ---------------------------------------------------
+
+
+def _read_in_child(urls, cache_dir, barrier, out_path):
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("shardstream").addHandler(Keep(logging.WARNING))
+    warnings.filterwarnings("ignore")
+    barrier.wait(30)
+    samples, stats = _read(urls, cache_dir)
+    with open(out_path + ".part", "w") as f:
+        json.dump({"samples": samples, "stats": stats, "warnings": records}, f)
+    os.replace(out_path + ".part", out_path)
+
+
+def test_two_processes_share_one_refetch_of_a_corrupt_file(server, files, tmp_path):
+    urls = [server.url(n) for n in NAMES]
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir)
+    expected = _expected(files)
+    assert _read(urls, cache_dir)[0] == expected
+    cached = os.path.join(cache_dir, cache_file_name(urls[0]))
+    _corrupt(cached, _where(files[1][NAMES[0]], "payload"))
+    before = server.stats.snapshot().path_requests
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    outs = [str(tmp_path / f"out{n}.json") for n in range(2)]
+    procs = [ctx.Process(target=_read_in_child, args=(urls, cache_dir, barrier, out)) for out in outs]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(45)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    results = [json.load(open(out)) for out in outs]
+    for result in results:
+        assert [tuple(s) for s in result["samples"]] == expected
+    after = server.stats.snapshot().path_requests
+    assert after[NAMES[0]] == before[NAMES[0]] + 1  # re-fetched once, not once per process
+    assert after[NAMES[1]] == before[NAMES[1]]
+    warned = [m for result in results for m in result["warnings"]]
+    assert any(cached in m and "evicted it" in m for m in warned), warned
+    with open(cached, "rb") as f:
+        assert f.read() == files[1][NAMES[0]]
+
+
+def _stream_in_child(cache_dir, url, data, barrier, log_path, out_path):
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("shardstream").addHandler(Keep(logging.WARNING))
+
+    def slow_origin(u):
+        with open(log_path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        for i in range(0, len(data), CHUNK):
+            time.sleep(0.01)  # the other process reaches the claim while this one is fetching
+            yield data[i : i + CHUNK]
+
+    stream = ShardCache([DiskTier(cache_dir, None, chunk_size=CHUNK)]).stream(url, slow_origin)
+    got = [next(stream)]
+    barrier.wait(20)  # both hold the corrupt file open before either finds the bad block
+    got += list(stream)
+    with open(out_path, "w") as f:
+        json.dump({"ok": b"".join(got) == data, "warnings": records}, f)
+
+
+def test_two_processes_reading_one_corrupt_file_fetch_it_once(tmp_path):
+    data = os.urandom(8 * CHUNK)
+    url = "http://h/a.tar"
+    _tier, _cache, path = _filled(tmp_path / "cache", data)
+    _corrupt(path, 2 * CHUNK + 5, 1)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    log_path = str(tmp_path / "origin.log")
+    outs = [str(tmp_path / f"out{n}.json") for n in range(2)]
+    procs = [
+        ctx.Process(target=_stream_in_child, args=(str(tmp_path / "cache"), url, data, barrier, log_path, out))
+        for out in outs
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(30)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    results = [json.load(open(out)) for out in outs]
+    assert all(r["ok"] for r in results)
+    assert len(open(log_path).read().split()) == 1  # one fetch between them
+    warned = sorted(m for r in results for m in r["warnings"])
+    assert len(warned) == 2 and all(path in m for m in warned)
+    assert "evicted it" in warned[1] and "another process already evicted or replaced it" in warned[0]
+    assert open(path, "rb").read() == data
+
+
+# --- the cache layer -----------------------------------------------------------------------------
+
+
+CHUNK = 4096
+
+
+class Origin:
+    """An in-memory origin that counts fetches; `data` may be swapped (a changed shard)."""
+
+    def __init__(self, data: bytes, fail: bool = False):
+        self.data, self.fail, self.fetches = data, fail, 0
+
+    def __call__(self, url):
+        self.fetches += 1
+        return self._chunks(url)
+
+    def _chunks(self, url):
+        if self.fail:
+            raise wds.ShardNotFound("gone", url=url)
+        for i in range(0, len(self.data), 3000):  # not aligned with the cache's blocks
+            yield self.data[i : i + 3000]
+
+
+def _filled(tmp_path, data, url="http://h/a.tar", **kw):
+    tier = DiskTier(str(tmp_path), None, chunk_size=CHUNK, **kw)
+    cache = ShardCache([tier])
+    assert b"".join(cache.stream(url, Origin(data))) == data
+    return tier, cache, tier.path_for(url)
+
+
+def test_the_record_holds_a_crc_per_block(tmp_path):
+    data = os.urandom(5 * CHUNK + 123)
+    tier, _, path = _filled(tmp_path, data)
+    record = read_record(tier._meta_path(path))
+    assert record.size == len(data) and record.block_size == CHUNK
+    assert list(record.crcs) == [zlib.crc32(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK)]
+
+
+def test_hits_are_checked_block_by_block_before_they_are_handed_out(tmp_path):
+    data = os.urandom(5 * CHUNK)
+    tier, _, path = _filled(tmp_path, data)
+    _corrupt(path, 3 * CHUNK + 7, 1)
+    source = tier.lookup("http://h/a.tar")
+    got = []
+    with pytest.raises(CorruptCacheFile) as info:
+        for block in source:
+            got.append(block)
+    source.close()
+    assert b"".join(got) == data[: 3 * CHUNK]  # the blocks before the bad one, never the bad one
+    assert info.value.cache_path == path and path in str(info.value) and info.value.bad_offset == 3 * CHUNK
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert (clone.cache_path, str(clone)) == (path, str(info.value))
+
+
+def test_a_stream_goes_on_seamlessly_from_the_origin(tmp_path, caplog):
+    data = os.urandom(5 * CHUNK + 99)
+    tier, cache, path = _filled(tmp_path, data)
+    _corrupt(path, len(data) - 50, 1)  # the last, short block
+    origin = Origin(data)
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        assert b"".join(cache.stream("http://h/a.tar", origin)) == data
+    assert origin.fetches == 1 and any(path in r.getMessage() for r in caplog.records)
+    assert open(path, "rb").read() == data and tier.counters.snapshot()["corrupt"] == 1
+    assert b"".join(cache.stream("http://h/a.tar", origin)) == data and origin.fetches == 1
+
+
+def test_a_shard_that_changed_at_the_origin_is_an_error_naming_the_cache_file(tmp_path):
+    data = os.urandom(5 * CHUNK)
+    _tier, cache, path = _filled(tmp_path, data)
+    _corrupt(path, 4 * CHUNK, 1)
+    changed = bytes([data[0] ^ 1]) + data[1:]
+    got = []
+    with pytest.raises(CorruptCacheFile, match="differs") as info:
+        for chunk in cache.stream("http://h/a.tar", Origin(changed)):
+            got.append(chunk)
+    assert b"".join(got) == data[: 4 * CHUNK] and info.value.cache_path == path and path in str(info.value)
+    shorter = data[: 2 * CHUNK]
+    _filled(tmp_path / "b", data)
+    cache_b = ShardCache([DiskTier(str(tmp_path / "b"), None, chunk_size=CHUNK)])
+    _corrupt(cache_b.tiers[0].path_for("http://h/a.tar"), 3 * CHUNK, 1)
+    with pytest.raises(CorruptCacheFile, match="differs"):
+        list(cache_b.stream("http://h/a.tar", Origin(shorter)))
+
+
+def test_a_failing_origin_after_a_corrupt_file_names_the_cache_file(tmp_path):
+    data = os.urandom(3 * CHUNK)
+    _tier, cache, path = _filled(tmp_path, data)
+    _corrupt(path, 10, 1)
+    with pytest.raises(CorruptCacheFile) as info:
+        list(cache.stream("http://h/a.tar", Origin(data, fail=True)))
+    assert path in str(info.value) and isinstance(info.value.__cause__, wds.ShardNotFound)
+    assert not os.path.exists(path) and cache.stats()["origin"]["errors"] == 1
+
+
+def test_a_file_without_a_digest_is_fetched_again(tmp_path, caplog):
+    data = os.urandom(2 * CHUNK)
+    tier, cache, path = _filled(tmp_path, data)
+    meta = tier._meta_path(path)
+    with open(meta, "w") as f:  # what the previous version wrote: the size only
+        json.dump({"size": len(data), "url_sha256": hashlib.sha256(b"http://h/a.tar").hexdigest()}, f)
+    assert tier.lookup("http://h/a.tar") is None and cache.local_path("http://h/a.tar") is None
+    origin = Origin(data)
+    with caplog.at_level(logging.INFO, logger="shardstream"):
+        assert b"".join(cache.stream("http://h/a.tar", origin)) == data
+    assert origin.fetches == 1 and any("no recorded digest" in r.getMessage() for r in caplog.records)
+    assert read_record(meta).crcs is not None and tier.lookup("http://h/a.tar") is not None
+
+
+def test_without_the_claim_a_corrupt_file_is_not_evicted_but_never_served(tmp_path, caplog):
+    data = os.urandom(4 * CHUNK)
+    url = "http://h/a.tar"
+    tier, cache, path = _filled(tmp_path, data, lock_timeout=0.3, stall_timeout=None)
+    _corrupt(path, 2 * CHUNK, 1)
+    holder = _file_lock(os.path.join(str(tmp_path), ".locks", cache_file_name(url)))
+    holder.acquire()  # another process is (say) downloading it: we may not touch the file
+    try:
+        origin = Origin(data)
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="shardstream"):
+            assert b"".join(cache.stream(url, origin)) == data
+        assert time.monotonic() - start < 5 and origin.fetches == 1
+    finally:
+        holder.release()
+    assert os.path.exists(path) and any("not evicted" in r.getMessage() and path in r.getMessage() for r in caplog.records)
+    assert b"".join(cache.stream(url, origin)) == data and origin.fetches == 2  # now evicted and repaired
+    assert open(path, "rb").read() == data
+
+
+def test_block_digest_ignores_chunk_boundaries():
+    rng = random.Random(0)
+    data = rng.randbytes(10 * 1000 + 17)
+    expected = [zlib.crc32(data[i : i + 1000]) for i in range(0, len(data), 1000)]
+    for _ in range(50):
+        digest, pos = BlockDigest(1000), 0
+        while pos < len(data):
+            step = rng.choice([1, 7, 999, 1000, 1001, 2500, 5000])
+            digest.update(data[pos : pos + step])
+            pos += step
+        assert digest.finish() == expected
