@@ -40,6 +40,7 @@ from .autodecode import (
     Continue,
     Decoder,
     DecodingError,
+    audiohandler,
     gzfilter,
     handle_extension,
     imagehandler,
@@ -47,6 +48,7 @@ from .autodecode import (
     torch_audio,
     torch_loads,
     torch_video,
+    videohandler,
 )
 from .cache import LRUCleanup, pipe_cleaner
 from .compat import FluidInterface, FluidWrapper, WebDataset, WebLoader
@@ -146,6 +148,7 @@ __all__ = [
     "allow_pickle",
     "allow_pipe",
     "associate",
+    "audiohandler",
     "autodecode",
     "batched",
     "cache",
@@ -205,6 +208,7 @@ __all__ = [
     "unbatched",
     "unlisted",
     "utils",
+    "videohandler",
     "warn_and_continue",
     "warn_and_stop",
     "with_epoch",

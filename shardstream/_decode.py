@@ -25,7 +25,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from . import _tenbin
+from ._audiodecode import AudioHandler
 from ._errors import ShardStreamError, UsageError
+from ._fusedimage import FusedImageHandler
 from ._imagedecode import (
     IMAGE_EXTENSIONS,
     ImageHandler,
@@ -34,6 +36,8 @@ from ._imagedecode import (
     last_extension,
 )
 from ._mediadecode import torch_audio, torch_video
+from ._redact import redact
+from ._videodecode import VideoHandler
 
 __all__ = [
     "Continue",
@@ -266,13 +270,17 @@ default_pre_handlers: List[Handler] = [gzfilter]
 default_post_handlers: List[Handler] = [basichandlers]
 
 
+# Handler classes whose `accepts(key)` says exactly which fields they may decode.
+_OWN_HANDLERS = (ImageHandler, _ExtensionHandler, FusedImageHandler, VideoHandler, AudioHandler)
+
+
 def _may_match(handler: Handler, key: str) -> bool:
     # Only handlers whose matching rule we own can be skipped; any other callable must be asked.
     if handler is basichandlers:
         return True  # `decoders` may change at run time, so never skip it
     if handler is gzfilter:
         return key.endswith(".gz")
-    if type(handler) in (ImageHandler, _ExtensionHandler):
+    if type(handler) in _OWN_HANDLERS:
         return handler.accepts(key)
     return True
 
@@ -285,20 +293,30 @@ _MAX_PLANS = 4096  # distinct field names remembered per Decoder; more means odd
 class DecodingError(ShardStreamError):
     """A field of a sample could not be decoded; the cause is chained as __cause__.
 
-    Attributes (as in webdataset): url, key (the sample's __key__), k (the field), sample.
+    Attributes (as in webdataset): url, key (the sample's __key__), k (the field), sample; and
+    reason: what went wrong, from the cause (also in the message), or None.
     """
 
-    def __init__(self, url: Any = None, key: Any = None, k: Any = None, sample: Any = None) -> None:
-        self.key, self.k, self.sample = key, k, sample
+    def __init__(
+        self, url: Any = None, key: Any = None, k: Any = None, sample: Any = None, reason: Any = None
+    ) -> None:
+        self.key, self.k, self.sample, self.reason = key, k, sample, reason
         member = f"{key}.{k}" if key is not None and k is not None else k
+        message = f"cannot decode field {k!r} of sample {key!r}"
         super().__init__(
-            f"cannot decode field {k!r} of sample {key!r}",
+            message if reason is None else f"{message}: {reason}",
             url=None if url is None else str(url),
             member=member,
         )
 
     def __reduce__(self):  # the sample can be large or unpicklable: leave it behind
-        return (DecodingError, (self.url, self.key, self.k))
+        return (DecodingError, (self.url, self.key, self.k, None, self.reason))
+
+
+def _reason(exn: BaseException, limit: int = 300) -> str:
+    """A decode error's cause in one short line, credentials redacted."""
+    text = redact(f"{type(exn).__name__}: {exn}").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Decoder:
@@ -423,7 +441,8 @@ class Decoder:
                 raise exn.with_location(url=None if url is None else str(url), member=member)
             except Exception as exn:
                 raise DecodingError(
-                    key=sample.get("__key__", None), url=sample.get("__url__", None), k=k, sample=sample
+                    key=sample.get("__key__", None), url=sample.get("__url__", None), k=k, sample=sample,
+                    reason=_reason(exn),
                 ) from exn
         return result
 

@@ -2,7 +2,8 @@
 
 Results are identical to webdataset 1.0.2's `ImageHandler`: Pillow opens the bytes, loads them
 and converts to L/RGB/RGBA; numpy specs give HWC arrays (uint8, or float32 in [0, 1]); torch
-specs give CHW tensors (HW for L). No `draft()` shortcuts, since they change the pixels.
+specs give CHW tensors (HW for L). No `draft()` shortcuts, since they change the pixels: those
+live in the opt-in fused path (`imagehandler(spec, size=..., crop=...)`, `_fusedimage.py`).
 """
 
 from __future__ import annotations
@@ -162,6 +163,14 @@ def _fix_channels(result: np.ndarray, mode: str) -> np.ndarray:
     return result
 
 
-def imagehandler(imagespec: str, extensions: Iterable[str] = IMAGE_EXTENSIONS) -> ImageHandler:
-    """Create an ImageHandler (webdataset's lower-case alias)."""
-    return ImageHandler(imagespec, extensions)
+def imagehandler(imagespec: str, extensions: Iterable[str] = IMAGE_EXTENSIONS, **fused: Any) -> Any:
+    """Create an ImageHandler (webdataset's lower-case alias).
+
+    With keyword options (`size=224, crop="center"`, ...) it returns the fused decode + crop +
+    resize handler instead (`_fusedimage.FusedImageHandler`, which documents the options).
+    """
+    if not fused:
+        return ImageHandler(imagespec, extensions)
+    from ._fusedimage import FusedImageHandler
+
+    return FusedImageHandler(imagespec, extensions, **fused)

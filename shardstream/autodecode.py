@@ -1,12 +1,14 @@
 """webdataset's `autodecode` module: decoders, image specs and handlers, under the same names.
 
-The implementation lives in `_decode`, `_imagedecode` and `_mediadecode`. One deliberate
+The implementation lives in `_decode`, `_imagedecode`, `_fusedimage` (decode + crop + resize),
+`_videodecode`, `_audiodecode` and `_mediadecode` (PyAV, from bytes). One deliberate
 divergence: unpickling (`pyd`, `pickle`, `pkl`) and `torch.load` (`pth`) are refused unless
 enabled with `allow_pickle()`, SHARDSTREAM_ALLOW_PICKLE=1 or `Decoder(..., allow_pickle=True)`.
 `pytorch_weights_only` is read from WDS_PYTORCH_WEIGHTS_ONLY at import, as in webdataset; to change
 it later, set `shardstream._decode.pytorch_weights_only` (this module only holds a copy).
 """
 
+from ._audiodecode import AudioHandler, audiohandler
 from ._decode import (
     IMAGE_EXTENSIONS,
     Continue,
@@ -36,14 +38,20 @@ from ._decode import (
     torch_video,
     unpickle_loads,
 )
+from ._fusedimage import FusedImageHandler
+from ._videodecode import VideoHandler, videohandler
 
 __all__ = [
+    "AudioHandler",
     "Continue",
     "Decoder",
     "DecodingError",
+    "FusedImageHandler",
     "IMAGE_EXTENSIONS",
     "ImageHandler",
+    "VideoHandler",
     "allow_pickle",
+    "audiohandler",
     "basichandlers",
     "call_extension_handler",
     "cbor_loads",
@@ -65,4 +73,5 @@ __all__ = [
     "torch_loads",
     "torch_video",
     "unpickle_loads",
+    "videohandler",
 ]

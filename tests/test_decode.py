@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import pickle
+import sys
 import threading
 
 import cbor2
@@ -565,12 +566,35 @@ def test_weights_only_torch_load_needs_no_opt_in(monkeypatch):
 # --- video and audio ----------------------------------------------------------------------------------
 
 
-def test_video_and_audio_handlers_exist_and_fail_clearly():
+def test_video_and_audio_handlers_exist_and_fail_clearly(monkeypatch):
     assert sa.torch_video(".txt", b"") is None and sa.torch_audio(".jpg", b"") is None
-    backends = [(sa.torch_video, ".mp4", "torchvision"), (sa.torch_audio, ".wav", "torchaudio")]
-    for handler, key, module in backends:
-        try:
-            __import__(module)
-        except ImportError:
-            with pytest.raises(UsageError, match=module):
-                handler(key, b"not media")
+    # webdataset's extension lists, case-sensitive as there: other fields stay bytes.
+    assert sa.torch_video(".mkv", b"x") is None and sa.torch_audio(".opus", b"x") is None
+    assert sa.torch_video(".MP4", b"x") is None
+    pytest.importorskip("av")
+    with pytest.raises(ValueError, match="mp4"):
+        sa.torch_video(".mp4", b"not media")
+    with pytest.raises(ValueError, match="wav"):
+        sa.torch_audio(".wav", b"not media")
+    # Without PyAV (and without the old backends): a UsageError saying what to install.
+    from shardstream import _mediadecode
+
+    monkeypatch.setattr(_mediadecode, "_have_av", lambda: False)
+    for module in ("torchvision", "torchvision.io", "torchaudio"):
+        monkeypatch.setitem(sys.modules, module, None)
+    for handler, key in ((sa.torch_video, ".mp4"), (sa.torch_audio, ".wav")):
+        with pytest.raises(UsageError, match="pip install av"):
+            handler(key, b"not media")
+
+
+def test_decoding_error_names_the_reason_and_keeps_it_across_pickling():
+    sample = {"__key__": "s1", "__url__": "/data/shard.tar", "json": b"{not json"}
+    with pytest.raises(sa.DecodingError) as info:
+        sa.Decoder([])(dict(sample))
+    error = info.value
+    assert error.reason.startswith("JSONDecodeError:") and error.reason in str(error)
+    assert "s1" in str(error) and "'json'" in str(error) and "/data/shard.tar" in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.reason == error.reason and str(copy) == str(error)
+    ours = sa.DecodingError("u", "k", "f")  # webdataset's positional form still fits ours
+    assert (ours.url, ours.key, ours.k, ours.reason) == ("u", "k", "f", None)
