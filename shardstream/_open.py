@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from ._errors import FetchError, ShardNotFound, UsageError
+from ._security import enforced
 
 __all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_url", "pipe_allowed"]
 
@@ -80,6 +81,8 @@ def open_url(url: str, *, allow_pipe: Optional[bool] = None, mode: str = "rb") -
     if url == "-":
         return sys.stdin.buffer
     if url.startswith("pipe:"):
+        if enforced():
+            raise UsageError("gopen_pipe: unsafe_gopen is False, cannot open pipe URLs", url=url)
         if not pipe_allowed(allow_pipe):
             raise UsageError(
                 "pipe: URLs run a shell command and are off by default; enable them with "

@@ -28,6 +28,7 @@ from urllib.request import url2pathname
 
 from ._encode import make_encoder
 from ._errors import UsageError
+from ._pipe import open_pipe
 
 __all__ = ["ShardWriter", "TarWriter", "open_destination"]
 
@@ -40,12 +41,12 @@ def open_destination(url: str) -> Tuple[BinaryIO, bool]:
     """Open a path or URL for binary writing; return (stream, whether closing it is ours to do).
 
     Raises:
-        UsageError: a `pipe:` URL (not supported for writing).
+        UsageError: a `pipe:` URL while pipes are not enabled (they run a shell command).
     """
     if url == "-":
         return sys.stdout.buffer, False
     if url.startswith("pipe:"):
-        raise UsageError(f"pipe: destinations are not supported for writing: {url}")
+        return open_pipe(url, "wb"), True  # type: ignore[return-value]
     parsed = urlparse(url)
     if parsed.scheme == "" or len(parsed.scheme) == 1:  # a plain path (or a Windows drive)
         return open(url, "wb"), True

@@ -15,8 +15,10 @@ from urllib.parse import urlparse
 
 from ._cachetiers import _pipe_url, cache_file_name
 from ._errors import FormatError
+from ._filetype import check_tar_format, get_filetype, magic_filetype
 from ._open import iter_chunks, local_path_of
 from .handlers import reraise_exception
+from .utils import obsolete
 
 __all__ = [
     "FileCache",
@@ -26,14 +28,19 @@ __all__ = [
     "default_cache_dir",
     "default_cache_size",
     "download",
+    "get_filetype",
     "islocal",
+    "magic_filetype",
+    "obsolete",
     "pipe_cleaner",
     "url_to_cache_name",
     "url_to_cache_path",
+    "verbose_cache",
 ]
 
 default_cache_dir = os.environ.get("WDS_CACHE", "./_cache")
 default_cache_size = float(os.environ.get("WDS_CACHE_SIZE", "1e18"))
+verbose_cache = int(os.environ.get("WDS_VERBOSE_CACHE", "0"))  # webdataset's; read by nothing there either
 
 
 def islocal(url: str) -> bool:
@@ -47,6 +54,7 @@ def pipe_cleaner(spec: str) -> str:
 
 def url_to_cache_name(url: str, ndir: int = 0) -> str:
     """webdataset's naming: the last ndir+1 path components (collides across directories)."""
+    assert isinstance(url, str)
     parsed = urlparse(url)
     if parsed.scheme in (None, "", "file", "http", "https", "ftp", "ftps", "gs", "s3", "ais"):
         parts = parsed.path.lstrip("/").split("/")
@@ -57,23 +65,6 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
 def url_to_cache_path(url: str) -> str:
     """shardstream's naming: a digest of the whole URL, then the basename (the disk tier's)."""
     return cache_file_name(url)
-
-
-def check_tar_format(fname: str) -> bool:
-    """True if the file looks like a tar archive (or gzip, which may hold one)."""
-    with open(fname, "rb") as f:
-        head = f.read(512)
-    if head[:2] == b"\x1f\x8b":
-        return True
-    return len(head) == 512 and (head[257:262] == b"ustar" or head == b"\0" * 512 or _checksum_ok(head))
-
-
-def _checksum_ok(header: bytes) -> bool:
-    try:
-        stored = int(header[148:156].replace(b"\0", b" ").strip() or b"0", 8)
-    except ValueError:
-        return False
-    return stored == sum(header[:148]) + 256 + sum(header[156:])
 
 
 class LRUCleanup:

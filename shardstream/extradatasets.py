@@ -1,13 +1,14 @@
-"""webdataset's `extradatasets`: MockDataset, with_epoch and with_length wrappers."""
+"""webdataset's `extradatasets`: MockDataset, and the repeatedly, with_epoch and with_length wrappers."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from ._stages import PipelineStage
 from ._torch import IterableDataset
+from .utils import repeatedly as _repeat
 
-__all__ = ["MockDataset", "with_epoch", "with_length"]
+__all__ = ["MockDataset", "repeatedly", "with_epoch", "with_length"]
 
 
 class MockDataset(IterableDataset):
@@ -20,6 +21,35 @@ class MockDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         for _ in range(self.length):
             yield self.sample
+
+
+class repeatedly(IterableDataset, PipelineStage):
+    """Iterate a source again and again, up to `nepochs` passes or `nbatches` items in all.
+
+    As a dataset it repeats `source`; as a stage, `run(src)` repeats `src`. `length` is what
+    `len()` reports. (webdataset's class never stored `nepochs`, so it could not run.)
+    """
+
+    def __init__(self, source: Any, nepochs: Optional[int] = None, nbatches: Optional[int] = None,
+                 length: Optional[int] = None) -> None:
+        super().__init__()
+        self.source = source
+        self.nepochs = nepochs
+        self.nbatches = nbatches
+        self.length = length
+
+    def invoke(self, source: Any) -> Iterator[Any]:
+        return _repeat(source, nepochs=self.nepochs, nbatches=self.nbatches)
+
+    run = invoke
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.invoke(self.source)
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("repeatedly has no length unless one is given")
+        return self.length
 
 
 class with_epoch(IterableDataset):

@@ -4,94 +4,68 @@ Local paths and file: URLs open directly; http(s) and s3 read through shardstrea
 fetchers (retries, Range resume); `pipe:` runs a shell command only when enabled
 (`shardstream.allow_pipe(True)`, `SHARDSTREAM_ALLOW_PIPE=1` or `allow_pipe=True`); every other
 scheme goes through fsspec (gs, memory, ...), unless a handler is registered in `gopen_schemes`
-for it, as webdataset allows.
+for it, as webdataset allows (webdataset's named openers, `gopen_curl` and the rest, are here
+to register or call). `USE_AIS_FOR=gs:s3` routes those schemes to `gopen_ais`, as in webdataset.
+Under `enforce_security` local files, pipes and `GOPEN_REWRITE` are refused, as in webdataset.
 """
 
 from __future__ import annotations
 
-import io
+import logging
 import os
 import re
-import subprocess
 import sys
 from typing import IO, Any, Callable, Dict
 from urllib.parse import urlparse
 
-from ._errors import FetchError, UsageError
-from ._open import local_path_of, open_url, pipe_allowed
+from ._errors import UsageError
+from ._open import local_path_of, open_url
+from ._openers import (
+    StreamReader,
+    gopen_ais,
+    gopen_curl,
+    gopen_error,
+    gopen_file,
+    gopen_gsutil,
+    gopen_hf,
+    gopen_htgs,
+    gopen_pipe,
+    open_http,
+)
+from ._pipe import Pipe, info, open_pipe, set_options
+from ._redact import redact
+from ._security import enforced
 
-__all__ = ["StreamReader", "gopen", "gopen_schemes", "reader", "rewrite_url"]
+__all__ = [
+    "Pipe",
+    "StreamReader",
+    "gopen",
+    "gopen_ais",
+    "gopen_curl",
+    "gopen_error",
+    "gopen_file",
+    "gopen_gsutil",
+    "gopen_hf",
+    "gopen_htgs",
+    "gopen_pipe",
+    "gopen_schemes",
+    "info",
+    "reader",
+    "rewrite_url",
+    "set_options",
+]
 
-
-def _gopen_pipe_write(url: str, bufsize: int) -> IO[bytes]:
-    proc = subprocess.Popen(url[5:], shell=True, stdin=subprocess.PIPE, bufsize=bufsize)
-    return _PipeWriter(proc, url)  # type: ignore[return-value]
-
-
-class _PipeWriter:
-    def __init__(self, proc: subprocess.Popen, url: str) -> None:
-        self.proc, self.url = proc, url
-
-    def write(self, data: bytes) -> int:
-        return self.proc.stdin.write(data)  # type: ignore[union-attr]
-
-    def flush(self) -> None:
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-
-    def close(self) -> None:
-        self.proc.stdin.close()  # type: ignore[union-attr]
-        status = self.proc.wait()
-        if status != 0:
-            raise FetchError(f"pipe command exited with status {status}", url=self.url)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class StreamReader(io.RawIOBase):
-    """A read-only binary file over a fetch stream (http(s) and s3: retries, Range resume)."""
-
-    def __init__(self, url: str) -> None:
-        from ._fetch import open_stream
-
-        super().__init__()
-        self.name = url
-        self._stream = open_stream(url)
-        self._chunk = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self._chunk:
-            chunk = next(self._stream, None)
-            if chunk is None:
-                return 0
-            self._chunk = memoryview(chunk)
-        n = min(len(buffer), len(self._chunk))
-        buffer[:n] = self._chunk[:n]
-        self._chunk = self._chunk[n:]
-        return n
-
-    def close(self) -> None:
-        if not self.closed:
-            self._stream.close()
-        super().close()
+log = logging.getLogger(__name__)
 
 
 def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:
     allow = kw.pop("allow_pipe", None)
+    if url.startswith("pipe:"):
+        return open_pipe(url, mode, bufsize, allow)  # type: ignore[return-value]
     if mode == "rb":
         if url.startswith(("http://", "https://", "s3://")):
-            return io.BufferedReader(StreamReader(url), buffer_size=max(bufsize, 1 << 20))
+            return open_http(url, bufsize)
         return open_url(url, allow_pipe=allow)
-    if url.startswith("pipe:"):
-        if not pipe_allowed(allow):
-            raise UsageError("pipe: URLs are off by default; enable with shardstream.allow_pipe(True)", url=url)
-        return _gopen_pipe_write(url, bufsize)
     path = local_path_of(url)
     if path is not None:
         return open(path, mode)
@@ -102,17 +76,24 @@ def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any)
 
 # Scheme -> opener(url, mode, bufsize, **kw). Users may register their own, as with webdataset.
 gopen_schemes: Dict[str, Callable[..., IO[bytes]]] = {"__default__": _default_handler}
+for _scheme in os.environ.get("USE_AIS_FOR", "").split(":"):
+    if _scheme:
+        gopen_schemes[_scheme] = gopen_ais
 
 
 def rewrite_url(url: str) -> str:
-    """Apply GOPEN_REWRITE="prefix=replacement;..." like webdataset."""
+    """Apply GOPEN_REWRITE="prefix=replacement;..." like webdataset (the first rule that matches)."""
     rules = os.environ.get("GOPEN_REWRITE")
     if not rules:
         return url
+    if enforced():
+        raise UsageError("rewrite_url: unsafe_gopen is False, cannot rewrite URLs using environment variables")
     for rule in rules.split(";"):
         k, v = rule.split("=", 1)
         new = re.sub("^" + k, v, url)
         if new != url:
+            if int(os.environ.get("GOPEN_VERBOSE", 0)):
+                log.info("GOPEN REWRITE %s -> %s", redact(url), redact(new))
             return new
     return url
 
@@ -124,6 +105,8 @@ def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[byte
         return sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
     url = rewrite_url(url)
     scheme = urlparse(url).scheme
+    if enforced() and scheme in ("", "file"):
+        raise UsageError("gopen: unsafe_gopen is False, cannot open local files", url=url)
     handler = gopen_schemes.get(scheme) if scheme else None
     if handler is None:
         handler = gopen_schemes["__default__"]

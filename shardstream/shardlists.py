@@ -16,30 +16,39 @@ import yaml
 
 from . import utils
 from ._counts import known_counts
+from ._dirshards import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
 from ._listing import expand_listings
 from ._scheduler import SchedulerConfig, Shard, ShardScheduler
 from ._split import WORKER_SPLIT, EqualSplit
 from ._torch import IterableDataset
-from ._urls import envsubst, expand_urls
+from ._urls import envlookup, envsubst, expand_urls
 from .filters import pipelinefilter
-from .utils import is_iterable
+from .utils import is_iterable, obsolete
 
 __all__ = [
+    "DirectoryShardList",
     "EqualSplit",
     "MSSource",
     "MultiShardSample",
     "ResampledShardList",
     "ResampledShards",
     "SimpleShardList",
+    "check_pid_is_running",
+    "default_rng",
+    "envlookup",
     "envsubst",
+    "expand",
     "expand_source",
     "expand_urls",
+    "get_pid_from_filename",
     "non_empty",
+    "obsolete",
     "resampled",
     "shardspec",
     "single_node_only",
     "split_by_node",
     "split_by_worker",
+    "without_last_extension",
 ]
 
 
@@ -228,7 +237,12 @@ class MSSource:
     urls: List[str] = field(default_factory=list)
 
 
-def _expand(s: str) -> str:
+# The random source MultiShardSample starts from (webdataset's), until set_epoch seeds its own.
+default_rng = random.Random()
+
+
+def expand(s: str) -> str:
+    """Expand `~` and environment variables in a string."""
     return os.path.expanduser(os.path.expandvars(s))
 
 
@@ -237,26 +251,26 @@ class MultiShardSample(IterableDataset):
 
     def __init__(self, fname) -> None:
         self.epoch = -1
-        self.rng = random.Random()
+        self.rng = default_rng
         if isinstance(fname, dict):
             spec = fname
         else:
             with open(fname) as stream:
                 spec = yaml.safe_load(stream)
         assert set(spec.keys()).issubset({"prefix", "datasets", "buckets"}), list(spec.keys())
-        prefix = _expand(spec.get("prefix", ""))
+        prefix = expand(spec.get("prefix", ""))
         self.sources = []
         for ds in spec["datasets"]:
             assert set(ds.keys()).issubset({"buckets", "name", "shards", "resample", "choose"}), list(ds.keys())
             buckets = ds.get("buckets", spec.get("buckets", []))
             if isinstance(buckets, str):
                 buckets = [buckets]
-            buckets = [_expand(s) for s in buckets] or [""]
+            buckets = [expand(s) for s in buckets] or [""]
             assert len(buckets) == 1, f"{buckets}: multiple buckets are not supported"
             bucket = buckets[0]
             urls = ds["shards"]
             urls = [urls] if isinstance(urls, str) else urls
-            urls = [prefix + os.path.join(bucket, u) for url in urls for u in braceexpand.braceexpand(_expand(url))]
+            urls = [prefix + os.path.join(bucket, u) for url in urls for u in braceexpand.braceexpand(expand(url))]
             resample = ds.get("resample", -1)
             nsample = ds.get("choose", -1)
             if nsample > len(urls):

@@ -1,5 +1,54 @@
-"""webdataset's `tenbin` module: the tensor binary format (`.ten` fields)."""
+"""webdataset's `tenbin` module: the tensor binary format (`.ten` fields), buffers, streams and files."""
 
-from ._tenbin import decode_buffer, encode_buffer
+from ._tenbin import (
+    bytedata,
+    bytelen,
+    check_acceptable_input_type,
+    check_infos,
+    decode_buffer,
+    decode_chunks,
+    decode_header,
+    decode_list,
+    encode_buffer,
+    encode_chunks,
+    encode_header,
+    encode_list,
+    long_to_short,
+    magic,
+    magic_bytes,
+    magic_str,
+    roundup,
+    short_to_long,
+    str64,
+    unstr64,
+)
+from ._tenbin_io import load, read, read_chunk, save, write, write_chunk
 
-__all__ = ["decode_buffer", "encode_buffer"]
+__all__ = [
+    "bytedata",
+    "bytelen",
+    "check_acceptable_input_type",
+    "check_infos",
+    "decode_buffer",
+    "decode_chunks",
+    "decode_header",
+    "decode_list",
+    "encode_buffer",
+    "encode_chunks",
+    "encode_header",
+    "encode_list",
+    "load",
+    "long_to_short",
+    "magic",
+    "magic_bytes",
+    "magic_str",
+    "read",
+    "read_chunk",
+    "roundup",
+    "save",
+    "short_to_long",
+    "str64",
+    "unstr64",
+    "write",
+    "write_chunk",
+]

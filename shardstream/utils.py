@@ -10,12 +10,14 @@ import itertools as itt
 import os
 import re
 import sys
+import types
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import braceexpand
 import numpy as np
 
+from . import _security
 from ._ranks import pytorch_worker_info, pytorch_worker_seed
 from ._stages import PipelineStage
 
@@ -38,7 +40,16 @@ __all__ = [
     "safe_eval",
 ]
 
-enforce_security = bool(int(os.environ.get("WDS_SECURE", "0")))
+
+
+class _UtilsModule(types.ModuleType):
+    """`utils.enforce_security` (webdataset's switch, WDS_SECURE=1) reads and sets the one flag in
+    `_security`, so setting it here reaches gopen, pipes and the decoders."""
+
+    enforce_security = property(lambda self: _security.enforced(), lambda self, value: _security.enforce(value))
+
+
+sys.modules[__name__].__class__ = _UtilsModule
 
 
 def glob_with_braces(pattern: str):
@@ -98,9 +109,11 @@ def repeatedly(
     nsamples: Optional[int] = None,
     batchsize: Callable[..., int] = guess_batchsize,
 ):
-    """Iterate `source` again and again, up to nepochs / nbatches / nsamples."""
+    """Iterate `source` again and again, up to nepochs / nbatches / nsamples; a pass that yields
+    nothing ends it (webdataset's loops forever on an exhausted iterator)."""
     epoch = batch = total = 0
     while True:
+        before = batch
         for sample in source:
             yield sample
             batch += 1
@@ -111,7 +124,7 @@ def repeatedly(
                 if total >= nsamples:
                     return
         epoch += 1
-        if nepochs is not None and epoch >= nepochs:
+        if batch == before or (nepochs is not None and epoch >= nepochs):
             return
 
 

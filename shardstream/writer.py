@@ -21,6 +21,7 @@ from ._encode import (
     torch_dumps,
 )
 from ._writer import ShardWriter, TarWriter
+from .gopen import gopen
 
 __all__ = [
     "ShardWriter",
@@ -31,6 +32,7 @@ __all__ = [
     "default_handlers",
     "encode_based_on_extension",
     "encode_based_on_extension1",
+    "gopen",
     "imageencoder",
     "make_encoder",
     "make_handlers",
