@@ -37,6 +37,7 @@ from ._imagedecode import (
 )
 from ._mediadecode import torch_audio, torch_video
 from ._redact import redact
+from ._security import enforced
 from ._videodecode import VideoHandler
 
 __all__ = [
@@ -132,6 +133,8 @@ def check_pickle_allowed(what: str) -> None:
 
 def torch_loads(data: bytes) -> Any:
     """torch.load the bytes on the CPU (refused unless pickle is allowed or weights_only is set)."""
+    if enforced():  # webdataset refuses even a weights-only load under enforce_security
+        raise UsageError("torch.loads is not allowed for security reasons when enforce_security is set.")
     if not pytorch_weights_only:
         check_pickle_allowed("a .pth field with torch.load")
     import torch
@@ -141,6 +144,8 @@ def torch_loads(data: bytes) -> Any:
 
 def unpickle_loads(data: bytes) -> Any:
     """pickle.loads the bytes (refused unless pickle is allowed)."""
+    if enforced():
+        raise UsageError("Unpickling is not allowed for security reasons when enforce_security is set.")
     check_pickle_allowed("a pickle field")
     return pickle.loads(data)
 
