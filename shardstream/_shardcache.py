@@ -7,6 +7,11 @@ ran to its end (an early close or an origin error discards the temp file). Acros
 disk tier's `claim` makes exactly one process download a shard while the others wait for it
 and then read the committed file.
 
+Disk hits are checked block by block as they are read (`_cachecheck`). A corrupt file is
+evicted under its URL's claim and the stream goes on from a fresh copy (the origin's, or one
+another process committed meanwhile), skipping the bytes already delivered once they are checked
+against those handed out: the consumer sees one correct stream or an error naming the file.
+
 The cache never decides what to fetch: the caller hands it `open_origin(url) -> Iterable[bytes]`.
 """
 

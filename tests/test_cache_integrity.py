@@ -21,7 +21,7 @@ import zlib
 import pytest
 
 import shardstream as wds
-from shardstream._cachecheck import BlockDigest, CorruptCacheFile, read_record
+from shardstream._cachecheck import BlockDigest, CorruptCacheFile
 from shardstream._cachetiers import DiskTier, _file_lock, cache_file_name
 from shardstream._shardcache import ShardCache
 
@@ -274,7 +274,7 @@ def _filled(tmp_path, data, url="http://h/a.tar", **kw):
 def test_the_record_holds_a_crc_per_block(tmp_path):
     data = os.urandom(5 * CHUNK + 123)
     tier, _, path = _filled(tmp_path, data)
-    record = read_record(tier._meta_path(path))
+    record = tier.record("http://h/a.tar")
     assert record.size == len(data) and record.block_size == CHUNK
     assert list(record.crcs) == [zlib.crc32(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK)]
 
@@ -346,7 +346,7 @@ def test_a_file_without_a_digest_is_fetched_again(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="shardstream"):
         assert b"".join(cache.stream("http://h/a.tar", origin)) == data
     assert origin.fetches == 1 and any("no recorded digest" in r.getMessage() for r in caplog.records)
-    assert read_record(meta).crcs is not None and tier.lookup("http://h/a.tar") is not None
+    assert tier.record("http://h/a.tar").crcs is not None and tier.lookup("http://h/a.tar") is not None
 
 
 def test_without_the_claim_a_corrupt_file_is_not_evicted_but_never_served(tmp_path, caplog):
