@@ -1,0 +1,257 @@
+"""The fused image path: geometry as torchvision's transforms, pixels within the documented
+tolerance of the plain path, every spec and backend, and the plain path left untouched."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import math
+import pickle
+import random
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from PIL import ImageFilter
+
+import shardstream as wds
+from shardstream._fusedimage import FusedImageHandler, center_box, random_box
+from shardstream._imagedecode import ImageHandler
+
+# The tolerance the README states (fused vs the plain path, same crop box, photo-like JPEGs
+# decoded at 1/2..1/8 scale): mean absolute difference and 99th percentile, in levels of 255.
+MEAN_TOLERANCE, P99_TOLERANCE = 3.0, 12
+
+HAVE_SIMPLEJPEG = importlib.util.find_spec("simplejpeg") is not None
+BACKENDS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
+    not HAVE_SIMPLEJPEG, reason="simplejpeg is not installed"))]
+INSTALLED_BACKENDS = ["pillow", "simplejpeg"] if HAVE_SIMPLEJPEG else ["pillow"]
+
+
+def photo(width: int, height: int, seed: int = 0, noise: float = 8.0) -> np.ndarray:
+    """A photo-like RGB image: smooth colour field, blurred shapes, texture and noise."""
+    rng = np.random.default_rng(seed)
+    canvas = PIL.Image.fromarray(rng.integers(0, 256, (3, 4, 3), dtype=np.uint8)).resize((width, height), PIL.Image.BICUBIC)
+    from PIL import ImageDraw
+
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(6):
+        x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
+        box = [x, y, x + int(rng.integers(20, width // 2)), y + int(rng.integers(20, height // 2))]
+        draw.ellipse(box, fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+    pixels = np.asarray(canvas.filter(ImageFilter.GaussianBlur(1.5)), dtype=np.float32)
+    pixels += rng.normal(0, noise, pixels.shape).astype(np.float32)
+    return pixels.clip(0, 255).astype(np.uint8)
+
+
+def jpeg(pixels: np.ndarray, mode: str = "RGB", **options) -> bytes:
+    buf = io.BytesIO()
+    PIL.Image.fromarray(pixels).convert(mode).save(buf, format="JPEG", quality=90, **options)
+    return buf.getvalue()
+
+
+def encode(pixels: np.ndarray, fmt: str, mode: str) -> bytes:
+    buf = io.BytesIO()
+    PIL.Image.fromarray(pixels).convert(mode).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def small():  # ImageNet-like: too small for any DCT scaling towards 224
+    return jpeg(photo(500, 375, seed=1))
+
+
+@pytest.fixture(scope="module")
+def large():  # large enough for 1/4 and 1/8; the last one as noisy as the benchmark corpora
+    return [jpeg(photo(1600, 1200, seed=2)), jpeg(photo(1024, 1536, seed=3)), jpeg(photo(1200, 900, 5, noise=28))]
+
+
+# --- torchvision's transforms, on PIL images (the plain path) ------------------------------------
+
+
+def tv_resize(image, size):
+    w, h = image.size
+    if w <= h:
+        return image.resize((size, int(size * h / w)), PIL.Image.BILINEAR)
+    return image.resize((int(size * w / h), size), PIL.Image.BILINEAR)
+
+
+def tv_center_crop(image, size):
+    w, h = image.size
+    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+    return image.crop((left, top, left + size, top + size))
+
+
+def plain(data: bytes, box, out, spec: str = "pil") -> np.ndarray:
+    """The plain path with the same box: webdataset's full decode, then one resize of the box."""
+    return np.asarray(ImageHandler(spec).decode(data).resize(out, PIL.Image.BILINEAR, box=box))
+
+
+def difference(a: np.ndarray, b: np.ndarray):
+    diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+    return float(diff.mean()), float(np.percentile(diff, 99))
+
+
+# --- the webdataset form is unchanged -------------------------------------------------------------
+
+
+def test_positional_form_is_webdatasets_image_handler(small):
+    assert type(wds.imagehandler("rgb8")) is ImageHandler
+    handler = wds.imagehandler("rgb8", ["jpg"])
+    assert type(handler) is ImageHandler and handler.extensions == {"jpg"}
+    assert type(wds.imagehandler("rgb8", size=8)) is FusedImageHandler
+    import webdataset
+
+    theirs = webdataset.imagehandler("rgb8")(".jpg", small)
+    assert np.array_equal(wds.imagehandler("rgb8")(".jpg", small), theirs)
+
+
+# --- geometry --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_center_crop_is_resize_then_center_crop(small, backend):
+    # No DCT scaling applies (328 px of crop for 224 of output): pixels as the plain eval transform.
+    ours = wds.imagehandler("rgb8", size=224, crop="center", backend=backend)(".jpg", small)
+    theirs = np.asarray(tv_center_crop(tv_resize(ImageHandler("pil").decode(small), 256), 224))
+    assert ours.shape == theirs.shape == (224, 224, 3)
+    assert np.abs(ours.astype(np.int16) - theirs).max() <= 1
+
+
+def test_center_box_matches_torchvision_arithmetic():
+    # Resize(256) of 500x375 gives 341x256; CenterCrop(224) starts at (58, 16) in it.
+    box = center_box(500, 375, 224, 224, 0.875)
+    scale = 500 / 341
+    assert box == pytest.approx((58 * scale, 16 * 375 / 256, 282 * scale, 240 * 375 / 256))
+    assert center_box(375, 500, 224, 224, 1.0)[0] == 0.0  # fraction 1: the whole shorter side
+
+
+def test_random_box_follows_random_resized_crop():
+    rng = random.Random(0)
+    for _ in range(200):
+        left, top, right, bottom = random_box(500, 375, (0.08, 1.0), (3 / 4, 4 / 3), rng)
+        w, h = right - left, bottom - top
+        assert 0 <= left and right <= 500 and 0 <= top and bottom <= 375
+        assert 0.07 <= w * h / (500 * 375) <= 1.0 and 3 / 4 - 0.02 <= w / h <= 4 / 3 + 0.02
+    # a strip no crop of the ratio fits: the fallback, a centred crop with the ratio clamped
+    assert random_box(1000, 10, (0.9, 1.0), (3 / 4, 4 / 3), rng) == (493.0, 0.0, 506.0, 10.0)
+
+
+def test_random_crops_are_seeded_and_vary(small):
+    first = [wds.imagehandler("rgb8", size=32, crop="random", seed=5)(".jpg", small) for _ in range(2)]
+    again = wds.imagehandler("rgb8", size=32, crop="random", seed=5)
+    assert np.array_equal(first[0], again(".jpg", small))
+    assert not np.array_equal(again(".jpg", small), again(".jpg", small))
+
+
+@pytest.mark.parametrize("size, shape", [(100, (100, 133)), ((60, 80), (60, 80))])
+def test_no_crop_resizes_like_resize(small, size, shape):
+    out = wds.imagehandler("rgb8", size=size)(".jpg", small)
+    assert out.shape == (*shape, 3)
+
+
+# --- tolerance against the plain path -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("crop", ["center", "random", None])
+def test_dct_scaled_decode_stays_within_the_documented_tolerance(large, backend, crop):
+    handler = wds.imagehandler("rgb8", size=224, crop=crop, backend=backend, seed=3)
+    geometry = wds.imagehandler("rgb8", size=224, crop=crop, seed=3)  # draws the same boxes
+    for data in large:
+        width, height = PIL.Image.open(io.BytesIO(data)).size
+        box, out = geometry.geometry(width, height)
+        ours, theirs = handler(".jpg", data), plain(data, box, out)
+        assert ours.shape == theirs.shape
+        mean, p99 = difference(ours, theirs)
+        assert mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE, (mean, p99)
+
+
+def test_backends_agree(large):
+    pytest.importorskip("simplejpeg")
+    for data in large:
+        a = wds.imagehandler("rgb8", size=224, crop="center")(".jpg", data)
+        b = wds.imagehandler("rgb8", size=224, crop="center", backend="simplejpeg")(".jpg", data)
+        assert difference(a, b)[0] <= 0.5
+
+
+# --- specs, modes and formats -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec, kind, shape, dtype",
+    [
+        ("rgb8", np.ndarray, (24, 24, 3), np.uint8),
+        ("rgb", np.ndarray, (24, 24, 3), np.float32),
+        ("l8", np.ndarray, (24, 24), np.uint8),
+        ("rgba8", np.ndarray, (24, 24, 4), np.uint8),
+        ("torchrgb8", torch.Tensor, (3, 24, 24), torch.uint8),
+        ("torchrgb", torch.Tensor, (3, 24, 24), torch.float32),
+        ("torchl", torch.Tensor, (24, 24), torch.float32),
+    ],
+)
+@pytest.mark.parametrize("source", ["jpeg-rgb", "jpeg-l", "png-rgba", "png-p", "png-l", "jpeg-cmyk"])
+@pytest.mark.parametrize("backend", INSTALLED_BACKENDS)
+def test_every_spec_from_every_mode(spec, kind, shape, dtype, source, backend):
+    fmt, mode = source.split("-")
+    data = encode(photo(80, 60, seed=4), "JPEG" if fmt == "jpeg" else "PNG", mode.upper())
+    handler = wds.imagehandler(spec, size=24, crop="center", backend=backend)
+    out = handler(".x." + fmt, data)
+    assert isinstance(out, kind) and tuple(out.shape) == shape and out.dtype == dtype
+    # The plain spec's decode (its mode conversion), then the same box resized.
+    target = wds.autodecode.imagespecs[spec][2]
+    box, size = handler.geometry(80, 60)
+    reference = plain(data, box, size, {"l": "pill", "rgb": "pil", "rgba": "pilrgba"}[target])
+    array = out.numpy() if isinstance(out, torch.Tensor) else out
+    if array.ndim == 3 and kind is torch.Tensor:
+        array = array.transpose(1, 2, 0)
+    if array.dtype == np.float32:
+        array = (array * 255).round()
+    assert difference(array, reference)[0] <= MEAN_TOLERANCE  # 53 px of box for 24: drafted at 1/2
+
+
+def test_pil_spec_gives_a_plain_image(small):
+    image = wds.imagehandler("pil", size=(20, 30), crop="center")(".jpg", small)
+    assert isinstance(image, PIL.Image.Image) and image.size == (30, 20) and image.mode == "RGB"
+
+
+def test_a_truncated_jpeg_fails_as_in_the_plain_path(small):
+    for backend in INSTALLED_BACKENDS:
+        handler = wds.imagehandler("rgb8", size=32, crop="center", backend=backend)
+        with pytest.raises(OSError):
+            handler(".jpg", small[: len(small) // 2])
+
+
+def test_handler_skips_other_fields_and_pickles(small):
+    handler = wds.imagehandler("rgb8", ["jpg"], size=16, crop="random")
+    assert handler(".png", small) is None and handler.accepts(".a.jpg") and not handler.accepts(".txt")
+    copy = pickle.loads(pickle.dumps(handler))
+    assert copy(".jpg", small).shape == (16, 16, 3)
+    seeded = pickle.loads(pickle.dumps(wds.imagehandler("rgb8", size=16, crop="random", seed=1)))
+    assert np.array_equal(seeded(".jpg", small), wds.imagehandler("rgb8", size=16, crop="random", seed=1)(".jpg", small))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"crop": "center"}, {"size": 0}, {"size": (1, 2, 3)}, {"size": 8, "crop": "middle"},
+     {"size": 8, "backend": "turbo"}, {"size": 8, "resample": "sinc"}, {"size": 8, "crop_fraction": 0}],
+)
+def test_bad_options_are_refused(options):
+    with pytest.raises(ValueError):
+        wds.imagehandler("rgb8", **options)
+
+
+def test_in_a_pipeline(tmp_path, small):
+    with wds.TarWriter(str(tmp_path / "i.tar")) as sink:
+        for i in range(5):
+            sink.write({"__key__": f"s{i}", "jpg": small, "cls": str(i).encode()})
+    dataset = (
+        wds.WebDataset(str(tmp_path / "i.tar"), shardshuffle=False)
+        .decode(wds.imagehandler("torchrgb8", size=224, crop="center"))
+        .to_tuple("jpg", "cls")
+        .batched(5)
+    )
+    images, labels = next(iter(dataset))
+    assert tuple(images.shape) == (5, 3, 224, 224) and list(labels) == [0, 1, 2, 3, 4]
+    assert math.isclose(float(images.float().mean()), float(images[0].float().mean()))
