@@ -379,6 +379,8 @@ class TarShardSamples(PipelineStage):
                     return
                 index, item, ready = ahead.popleft()
                 url, local_path = source_url(item, self.local_paths)
+                if local_path is None and self.local_paths and self.cache is not None:
+                    local_path = self.cache.disk_path(url)  # as webdataset's: the cache file
                 start, stop = shard_range(item)
                 offset = None
                 if index == resume_item and resume_sample:

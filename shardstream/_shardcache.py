@@ -240,6 +240,14 @@ class ShardCache:
                     return source.path
         return None
 
+    def disk_path(self, url: str) -> Optional[str]:
+        """Where the first disk tier keeps `url`, whether or not it holds it yet (webdataset's
+        `__local_path__` for a remote shard read through a cache), else None."""
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier):
+                return tier.path_for(url)
+        return None
+
     def will_serve(self, url: str) -> bool:
         """Whether `stream(url)` will read the shard from the cache rather than fetch it: a tier
         holds a copy, or another process on the node is fetching it into a shared tier now (the

@@ -57,6 +57,27 @@ def test_disk_cache_streams_through_then_serves_hits(served, shardset, tmp_path)
     assert "cache disk:" in it.stats().format()
 
 
+@pytest.mark.timeout(60)
+def test_cached_remote_samples_name_their_cache_file_like_webdataset(served, shardset, tmp_path):
+    import webdataset
+
+    _server, urls = served
+    (tmp_path / "theirs").mkdir()  # neither library creates it
+    (tmp_path / "ours").mkdir()
+    theirs = list(webdataset.WebDataset(urls[:2], shardshuffle=False, cache_dir=str(tmp_path / "theirs")))
+    ds = wds.WebDataset(urls[:2], shardshuffle=False, cache_dir=str(tmp_path / "ours"))
+    for _ in range(2):  # the first pass streams through the cache, the second reads hits
+        ours = list(ds)
+        assert [s["__key__"] for s in ours] == [s["__key__"] for s in theirs]
+        for a, b in zip(ours, theirs):
+            assert a["__local_path__"].startswith(str(tmp_path / "ours"))
+            assert b["__local_path__"].startswith(str(tmp_path / "theirs"))
+        # our file names differ (a digest of the whole URL: README divergence); the bytes do not
+        for url, path in {s["__url__"]: s["__local_path__"] for s in ours}.items():
+            theirs_path = {s["__url__"]: s["__local_path__"] for s in theirs}[url]
+            assert open(path, "rb").read() == open(theirs_path, "rb").read()
+
+
 @pytest.mark.timeout(120)
 def test_three_epochs_under_faults_deliver_every_sample_exactly_once(served, shardset):
     server, urls = served
