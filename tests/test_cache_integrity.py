@@ -5,6 +5,7 @@ origin, a corrupt file that may not be evicted) and the block digest."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -330,6 +331,38 @@ def test_a_shard_that_changed_at_the_origin_is_an_error_naming_the_cache_file(tm
     _corrupt(cache_b.tiers[0].path_for("http://h/a.tar"), 3 * CHUNK, 1)
     with pytest.raises(CorruptCacheFile, match="differs"):
         list(cache_b.stream("http://h/a.tar", Origin(shorter)))
+
+
+def test_a_read_error_is_handled_like_corruption(tmp_path, caplog):
+    data = os.urandom(3 * CHUNK)
+    tier, cache, path = _filled(tmp_path, data)
+    real_lookup = tier.lookup
+
+    class FailingDisk:  # the second block read fails with EIO
+        def __init__(self, f):
+            self.f, self.reads = f, 0
+
+        def read(self, n):
+            self.reads += 1
+            if self.reads == 2:
+                raise OSError(errno.EIO, "Input/output error")
+            return self.f.read(n)
+
+        def close(self):
+            self.f.close()
+
+    def lookup(url, **kw):
+        source = real_lookup(url, **kw)
+        if source is not None and not tier.counters.snapshot()["corrupt"]:
+            source.file = FailingDisk(source.file)
+        return source
+
+    tier.lookup = lookup
+    origin = Origin(data)
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        assert b"".join(cache.stream("http://h/a.tar", origin)) == data
+    assert origin.fetches == 1 and tier.counters.snapshot()["corrupt"] == 1
+    assert any(path in r.getMessage() and "Input/output error" in r.getMessage() for r in caplog.records)
 
 
 def test_a_failing_origin_after_a_corrupt_file_names_the_cache_file(tmp_path):
