@@ -93,6 +93,7 @@ class SubprocessLoader(IterableDataset):
         self.timeout = timeout
         self.preload = tuple(preload) if preload is not None else None
         self._pipeline = pipeline_of(dataset)
+        _context(context)  # a forkserver starts now: its imports overlap the caller's own set-up
 
     def __iter__(self) -> "SubprocessIterator":
         return SubprocessIterator(self)
@@ -129,9 +130,13 @@ def _context(name: Optional[str]) -> Any:
     name = name or ("forkserver" if "forkserver" in methods else "spawn")
     ctx = multiprocessing.get_context(name)
     if name == "forkserver":
-        # Takes effect only if the server is not running yet: its helpers then fork with these imported.
+        from multiprocessing import forkserver
+
+        # Takes effect only if the server is not running yet: its helpers then fork with these
+        # imported. Starting it returns at once; the server imports in the background.
         modules = ["__main__", "shardstream._subprocess"] + (["torch"] if "torch" in sys.modules else [])
         ctx.set_forkserver_preload(modules)
+        forkserver.ensure_running()
     return ctx
 
 
