@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1 << 20
 TIER_FIELDS = (
-    "hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "corrupt", "discarded", "errors", "bypassed"
+    "hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "corrupt", "discarded", "errors",
+    "bypassed",
 )
 
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"

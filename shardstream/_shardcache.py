@@ -167,7 +167,8 @@ class ShardCache:
         elif tier.discard_corrupt(source):
             logger.warning("%s; evicted it, fetching %s again", where, redact_url(url))
         else:
-            logger.warning("%s; another process already evicted or replaced it, reading %s again", where, redact_url(url))
+            logger.warning("%s; another process already evicted or replaced it, reading %s again",
+                           where, redact_url(url))
 
     def _serve(self, url: str, tier, source, above: Sequence, resume: Optional[Resume] = None):
         """Yield a hit's bytes. Returns None when done, or the `CorruptCacheFile` that stopped it."""
