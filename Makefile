@@ -45,6 +45,7 @@ test: $(STAMP) $(CLIP_STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/resume.py
+	$(PY) benchmarks/contention.py
 
 clean:
 	rm -rf $(VENV) $(CLIP_VENV) demo-data benchmarks/out
