@@ -1,175 +1,169 @@
-"""The `shardstream` command: prepare, inspect, verify, index and extract shards."""
+"""The `shardstream` command: make shards (create), look at them (ls, inspect, stats), check
+them (verify), index them (index), time the loader on them (bench) and unpack one (extract)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
-from ._counts import known_counts
-from ._errors import FormatError, ShardStreamError, UsageError
-from ._index import scan_shard, write_index, write_sizes
-from ._keys import base_plus_ext
-from ._members import iter_members
-from ._open import local_path_of
+from ._errors import ShardStreamError
 from ._redact import redact
-from ._samples import TarShardSamples, open_origin
-from ._urls import expand_urls, shard_name
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
+EXIT_CODES = """exit status: 0 success; 1 a failure (verify found problems, a shard or sample failed, bad
+input); 2 a command-line mistake; 130 interrupted (Ctrl-C)."""
 
-def _cmd_inspect(args) -> int:
-    from .compat import WebDataset
+EXAMPLES = {
+    "create": """examples:
+  shardstream create images/ shards/ --maxcount 1000 --seed 0          # ImageFolder: class folders -> jpg + cls
+  shardstream create train.parquet s3://bucket/train/ --max-side 512 --quality 90 --workers 8
+  shardstream create "old/train-{000..099}.tar" new/ --maxsize 1e9 --seed 1 --pattern "train-%06d.tar"
+  shardstream create urls.csv shards/ --engine ray --ray-address auto  # on a Ray cluster
+  shardstream create images/ /shared/shards/ --rank $SLURM_ARRAY_TASK_ID --world-size $SLURM_ARRAY_TASK_COUNT
 
-    dataset = WebDataset(expand_urls(args.urls), shardshuffle=False, empty_check=False)
-    for i, sample in enumerate(dataset):
-        if i >= args.n:
-            break
-        fields = {k: (len(v) if isinstance(v, bytes) else v) for k, v in sample.items()}
-        print(redact(json.dumps(fields, ensure_ascii=False, default=str)))
-    return 0
-
-
-def _verify_shard(url: str) -> dict:
-    """Read a shard exactly as the loader does (its reader, its strictness) and check the count
-    its sizes.json or .idx gives; raises ShardStreamError."""
-    summary = {"samples": 0, "members": 0, "bytes": 0, "fields": {}}
-    for sample in TarShardSamples().run([url]):
-        summary["samples"] += 1
-        for field, value in sample.items():
-            if not field.startswith("__"):
-                summary["members"] += 1
-                summary["bytes"] += len(value)
-                summary["fields"][field] = summary["fields"].get(field, 0) + 1
-    expected = known_counts([url])[0]
-    if expected is not None and expected != summary["samples"]:
-        raise FormatError(f"the shard has {summary['samples']} samples, its sizes.json / .idx says {expected}", url=url)
-    return summary
-
-
-def _cmd_verify(args) -> int:
-    failed = 0
-    totals = {"shards": 0, "samples": 0, "members": 0, "bytes": 0}
-    for url in expand_urls(args.urls):
-        try:
-            summary = _verify_shard(url)
-        except ShardStreamError as exn:
-            failed += 1
-            print(f"FAIL {exn}")
-            continue
-        totals["shards"] += 1
-        for key in ("samples", "members", "bytes"):
-            totals[key] += summary[key]
-        if args.verbose:
-            print(f"ok   {redact(url)}: {summary['samples']} samples, {summary['members']} members, "
-                  f"fields {summary['fields']}")
-    print(json.dumps({**totals, "failed": failed}))
-    return 1 if failed else 0
+writes DEST/<pattern> shards, a .idx and a .dali.idx beside each, sizes.json (and classes.json for
+an image folder). Same input, seed and options: byte-identical shards, whatever the engine or workers.""",
+    "ls": """examples:
+  shardstream ls "data/train-{000000..000009}.tar" -n 20   # shard, key, field:size per sample
+  shardstream ls shards/ --json                            # a create DEST; JSON lines""",
+    "inspect": """examples:
+  shardstream inspect "data/train-{000000..000009}.tar" -n 3
+  shardstream inspect "https://host/train-000000.tar?token=..."   # the token is never printed""",
+    "stats": """examples:
+  shardstream stats "data/train-{000000..000099}.tar"
+  shardstream stats shards/ --json > stats.json""",
+    "verify": """examples:
+  shardstream verify "data/train-{000000..000099}.tar"            # read every byte, decode every image
+  shardstream verify shards/ --require "jpg;png,cls" -v           # every sample needs an image and a cls
+  shardstream verify "s3://bucket/train-{000..099}.tar" --no-decode""",
+    "index": """examples:
+  shardstream index "data/train-{000000..000099}.tar"             # .idx, .dali.idx beside them, sizes.json
+  shardstream index "https://host/train-{000..009}.tar" --out idx/
+  shardstream index "s3://bucket/train-{000..009}.tar" --out s3://bucket/ --no-dali""",
+    "extract": """examples:
+  shardstream extract data/train-000000.tar out/""",
+    "bench": """examples:
+  shardstream bench "data/train-{000000..000099}.tar"              # raw samples/s, per-stage stats, verdict
+  shardstream bench shards/ --decode rgb8 --threads 4 --limit 5000""",
+    "prepare": """examples:
+  shardstream prepare files/ "shards/train-%06d.tar" --maxcount 10000   # = create --input files""",
+}
 
 
-def _cmd_index(args) -> int:
-    urls = expand_urls(args.urls)
-    paths = [local_path_of(url) for url in urls]
-    sizes_dirs = {os.path.dirname(path) for path in paths if path is not None}
-    if args.sizes is None and (None in paths or len(sizes_dirs) != 1):
-        raise UsageError("the shards are not all in one local directory: say where to write sizes.json with --sizes PATH")
-    counts = {}
-    for url, path in zip(urls, paths):
-        summary = scan_shard(url, open_origin(url))
-        counts[shard_name(url)] = summary.count  # the file name: never a query string (signed URLs)
-        if path is not None and not args.no_idx:
-            write_index(path + ".idx", summary)
-        print(f"{redact(url)}: {summary.count} samples")
-    target = args.sizes or os.path.join(sizes_dirs.pop(), "sizes.json")
-    write_sizes(target, counts)
-    print(f"wrote {target}")
-    return 0
+def _cmd(module: str, name: str) -> Callable:
+    """The command function, imported when it runs (so --help stays fast)."""
+
+    def run(args) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(f"shardstream._cli.{module}"), name)(args)
+
+    return run
 
 
-def _safe_target(root: str, name: str) -> str:
-    """The extraction path for a member name, refusing anything that would land outside root."""
-    root = os.path.realpath(root)
-    target = os.path.realpath(os.path.join(root, name))
-    if os.path.isabs(name) or not target.startswith(root + os.sep):
-        raise UsageError("member would be extracted outside the target directory", member=name)
-    return target
-
-
-def _cmd_extract(args) -> int:
-    os.makedirs(args.dest, exist_ok=True)
-    count = 0
-    for name, data, offset in iter_members(open_origin(args.url), args.url):
-        if "\0" in name:
-            raise UsageError("member name holds a NUL byte", url=args.url, member=name.replace("\0", "\\0"), offset=offset)
-        target = _safe_target(args.dest, name)
-        try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as f:
-                f.write(data)
-        except OSError as exn:  # e.g. a file "a" and then "a/b.txt"
-            raise UsageError(f"cannot extract: {exn.strerror}", url=args.url, member=name, offset=offset) from exn
-        count += 1
-    print(f"extracted {count} members to {args.dest}")
-    return 0
-
-
-def _cmd_prepare(args) -> int:
-    from .writer import ShardWriter
-
-    files = sorted(
-        os.path.relpath(os.path.join(d, f), args.source) for d, _, fs in os.walk(args.source) for f in fs
+def _add(sub, name: str, help: str, module: str, function: str) -> argparse.ArgumentParser:  # noqa: A002
+    parser = sub.add_parser(
+        name, help=help, description=help, epilog=EXAMPLES[name] + "\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    os.makedirs(os.path.dirname(args.pattern) or ".", exist_ok=True)
-    written = 0
-    with ShardWriter(args.pattern, maxcount=args.maxcount, maxsize=args.maxsize, verbose=0) as sink:
-        sample: dict = {}
-        for rel in files:
-            key, ext = base_plus_ext(rel)
-            if key is None:
-                continue
-            if sample and sample["__key__"] != key:
-                sink.write(sample)
-                written += 1
-                sample = {}
-            sample["__key__"] = key
-            with open(os.path.join(args.source, rel), "rb") as f:
-                sample[ext] = f.read()
-        if sample:
-            sink.write(sample)
-            written += 1
-    print(f"wrote {written} samples")
-    return 0
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they only show on a terminal)")
+    parser.set_defaults(func=_cmd(module, function))
+    return parser
+
+
+def _add_create(sub) -> None:
+    p = _add(sub, "create", "pack an image folder, a manifest or existing shards into shards", "create", "cmd_create")
+    p.add_argument("src", help="a directory (ImageFolder, or files grouped by key), a manifest (.csv .tsv .jsonl "
+                   ".json .parquet: paths or URLs, captions, labels, extra columns) or shards (a spec or a directory)")
+    p.add_argument("dest", help="output directory or URL (s3://bucket/prefix, any fsspec URL)")
+    p.add_argument("--input", default="auto", choices=("auto", "imagefolder", "files", "manifest", "shards"),
+                   help="what SRC is (default: told from SRC)")
+    p.add_argument("--pattern", default="shard-%06d.tar", help="shard file names (default shard-%%06d.tar; "
+                   ".tar.gz/.tar.bz2/.tar.xz compress)")
+    p.add_argument("--maxcount", type=int, default=10000, help="samples per shard at most (default 10000)")
+    p.add_argument("--maxsize", type=float, default=None, help="input bytes per shard, after which a new one starts")
+    p.add_argument("--seed", type=int, default=None, help="shuffle samples with this seed (default: input order)")
+    p.add_argument("--max-side", type=int, default=None, help="downscale images whose longer side is larger; JPEG")
+    p.add_argument("--quality", type=int, default=None, help="re-encode every image as JPEG at this quality "
+                   "(with --max-side alone: 90, and only the downscaled ones)")
+    p.add_argument("--workers", type=int, default=None, help="processes (local engine; default: cores, at most one "
+                   "per shard) or CPUs of the local Ray (Ray engine)")
+    p.add_argument("--threads", type=int, default=4, help="threads per worker reading and re-encoding (default 4)")
+    p.add_argument("--engine", default="local", choices=("local", "ray"), help="local processes or Ray Data tasks")
+    p.add_argument("--ray-address", default=None, help="Ray cluster to join ('auto', 'ray://head:10001'); "
+                   "default: a local Ray started for the job")
+    p.add_argument("--rank", type=int, default=0, help="write only this part of the shards (partitioning by hand)")
+    p.add_argument("--world-size", type=int, default=1, help="how many parts (--rank 0..N-1)")
+    p.add_argument("--skip-errors", action="store_true", help="leave out samples that fail to download or decode")
+    p.add_argument("--overwrite", action="store_true", help="replace shards and sizes.json already in DEST")
+    p.add_argument("--rekey", action="store_true", help="number the samples (000000000, ...) instead of keeping keys")
+    p.add_argument("--classes", default=None, help="ImageFolder: JSON list of class names, or {name: index}")
+    p.add_argument("--url-col", default=None, help="manifest column with image paths/URLs (default: url, path, image, ...)")
+    p.add_argument("--caption-col", default=None, help="manifest column for txt (default: caption, text)")
+    p.add_argument("--label-col", default=None, help="manifest column for cls (default: label, cls, class)")
+    p.add_argument("--key-col", default=None, help="manifest column with sample keys (default: key, else the row number)")
+    p.add_argument("--no-dali", action="store_true", help="no .dali.idx files")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardstream", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("inspect", help="print the first samples (field sizes) of a shard spec")
-    p.add_argument("urls")
-    p.add_argument("-n", type=int, default=5)
-    p.set_defaults(func=_cmd_inspect)
-    p = sub.add_parser("verify", help="read every shard fully; report errors with offsets")
-    p.add_argument("urls")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser("index", help="write .idx files (sample offsets) and sizes.json (counts)")
-    p.add_argument("urls")
-    p.add_argument("--sizes", help="path of sizes.json (default: beside the shards)")
+    parser = argparse.ArgumentParser(
+        prog="shardstream", description=__doc__, epilog=EXIT_CODES + "\nshardstream COMMAND --help shows examples.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_create(sub)
+
+    p = _add(sub, "ls", "list samples: shard, key, fields and their sizes", "inspect", "cmd_ls")
+    p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
+    p.add_argument("-n", type=int, default=None, help="at most this many samples")
+    p.add_argument("--json", action="store_true", help="one JSON object per sample")
+
+    p = _add(sub, "inspect", "print the first samples (field sizes) as JSON", "inspect", "cmd_inspect")
+    p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
+    p.add_argument("-n", type=int, default=5, help="how many samples (default 5)")
+
+    p = _add(sub, "stats", "totals, fields, image sizes, samples per shard", "stats", "cmd_stats")
+    p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--no-images", action="store_true", help="skip the image-size histogram")
+    p.add_argument("--threads", type=int, default=4, help="shards read at once (default 4)")
+
+    p = _add(sub, "verify", "read every shard as the loader does; decode images; report problems with offsets",
+             "verify", "cmd_verify")
+    p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
+    p.add_argument("-v", "--verbose", action="store_true", help="a line per good shard too")
+    p.add_argument("--require", default=None, help="fields every sample needs: 'jpg,txt'; 'jpg;png' means either")
+    p.add_argument("--no-decode", action="store_true", help="do not decode images")
+    p.add_argument("--threads", type=int, default=4, help="shards checked at once (default 4)")
+
+    p = _add(sub, "index", "write .idx (offsets), .dali.idx (DALI v1.2) and sizes.json (counts)", "index", "cmd_index")
+    p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
+    p.add_argument("--out", default=None, help="write every index file here (directory or URL) instead of beside the shards")
+    p.add_argument("--sizes", default=None, help="path of sizes.json (default: beside the shards, or in --out)")
     p.add_argument("--no-idx", action="store_true", help="only write sizes.json")
-    p.set_defaults(func=_cmd_index)
-    p = sub.add_parser("extract", help="extract a shard's members into a directory (safely)")
+    p.add_argument("--no-dali", action="store_true", help="no .dali.idx files")
+    p.add_argument("--threads", type=int, default=4, help="shards read at once (default 4)")
+
+    p = _add(sub, "extract", "extract a shard's members into a directory (safely)", "extract", "cmd_extract")
     p.add_argument("url")
     p.add_argument("dest")
-    p.set_defaults(func=_cmd_extract)
-    p = sub.add_parser("prepare", help="pack a directory of files (grouped by key) into shards")
+
+    p = _add(sub, "bench", "stream shards through the loader; throughput, per-stage stats, verdict", "bench", "cmd_bench")
+    p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
+    p.add_argument("--decode", nargs="?", const="rgb8", default=None,
+                   help="decode images (a decode spec; default rgb8: numpy uint8 HWC)")
+    p.add_argument("--threads", type=int, default=None, help="engine threads (default: the engine's)")
+    p.add_argument("--limit", type=int, default=None, help="stop after this many samples")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+    p = _add(sub, "prepare", "the old name of `create --input files` (SOURCE PATTERN)", "create", "cmd_prepare")
     p.add_argument("source")
     p.add_argument("pattern", help="output pattern, e.g. out/train-%%06d.tar")
     p.add_argument("--maxcount", type=int, default=10000)
     p.add_argument("--maxsize", type=float, default=3e9)
-    p.set_defaults(func=_cmd_prepare)
     return parser
 
 
@@ -180,6 +174,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ShardStreamError, OSError) as exn:
         print(f"error: {redact(exn)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

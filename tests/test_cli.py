@@ -75,8 +75,8 @@ def test_prepare_packs_a_directory_webdataset_can_read(tmp_path, capsys):
         (src / "sub" / f"item{i}.cls").write_text(str(i))
     pattern = str(tmp_path / "shards" / "part-%03d.tar")
     assert main(["prepare", str(src), pattern, "--maxcount", "3"]) == 0
-    shards = sorted(os.listdir(tmp_path / "shards"))
-    assert shards == ["part-000.tar", "part-001.tar", "part-002.tar"]
+    shards = sorted(n for n in os.listdir(tmp_path / "shards") if n.endswith(".tar"))
+    assert shards == ["part-000.tar", "part-001.tar", "part-002.tar"]  # with their indexes and sizes.json
     samples = list(webdataset.WebDataset([str(tmp_path / "shards" / s) for s in shards], shardshuffle=False))
     assert [s["__key__"] for s in samples] == [f"sub/item{i}" for i in range(7)]
     assert samples[3]["txt"] == b"text 3" and samples[3]["cls"] == b"3"

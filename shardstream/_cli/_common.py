@@ -1,0 +1,40 @@
+"""What the commands share: shard lists from a spec or a directory, progress bars, output."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, List, Optional
+
+from .._open import local_path_of
+from .._prep._sources import IMAGE_SUFFIXES, shard_files
+from .._redact import redact
+from .._urls import expand_urls
+
+__all__ = ["bar", "is_image", "say", "shard_urls"]
+
+
+def shard_urls(spec: str) -> List[str]:
+    """The shards of a spec (braces, `::`), or the shards in a local directory (e.g. a `create` DEST)."""
+    path = local_path_of(spec)
+    if path is not None and os.path.isdir(path):
+        found = shard_files(path)
+        if found:
+            return found
+    return expand_urls(spec)
+
+
+def bar(total: Optional[int], desc: str, unit: str, quiet: bool) -> Any:
+    """A tqdm bar on stderr; off with --quiet and when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=True if quiet else None, file=sys.stderr, leave=False)
+
+
+def say(text: object, *, err: bool = False) -> None:
+    """Print a line, credentials redacted (every line the command prints goes through here)."""
+    print(redact(text), file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def is_image(field: str) -> bool:
+    return field.rpartition(".")[2].lower() in IMAGE_SUFFIXES

@@ -1,0 +1,39 @@
+"""`extract`: a shard's members into a directory, refusing anything that would land outside it."""
+
+from __future__ import annotations
+
+import os
+
+from .._errors import UsageError
+from .._members import iter_members
+from .._samples import open_origin
+from ._common import say
+
+__all__ = ["cmd_extract", "safe_target"]
+
+
+def safe_target(root: str, name: str) -> str:
+    """The extraction path for a member name, refusing anything that would land outside root."""
+    root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(root, name))
+    if os.path.isabs(name) or not target.startswith(root + os.sep):
+        raise UsageError("member would be extracted outside the target directory", member=name)
+    return target
+
+
+def cmd_extract(args) -> int:
+    os.makedirs(args.dest, exist_ok=True)
+    count = 0
+    for name, data, offset in iter_members(open_origin(args.url), args.url):
+        if "\0" in name:
+            raise UsageError("member name holds a NUL byte", url=args.url, member=name.replace("\0", "\\0"), offset=offset)
+        target = safe_target(args.dest, name)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+        except OSError as exn:  # e.g. a file "a" and then "a/b.txt"
+            raise UsageError(f"cannot extract: {exn.strerror}", url=args.url, member=name, offset=offset) from exn
+        count += 1
+    say(f"extracted {count} members to {args.dest}")
+    return 0

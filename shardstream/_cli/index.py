@@ -1,0 +1,84 @@
+"""`index`: read each shard once with the loader's reader and write its `.idx` (ours: sample
+offsets, read by the loader), its `.dali.idx` (DALI v1.2) and `sizes.json` (sample counts, keyed
+by file name), beside local shards or into `--out` (a directory or URL, remote shards too)."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Tuple
+
+from .._errors import UsageError
+from .._open import local_path_of
+from .._prep._dest import Destination
+from .._prep._indexes import dali_text, idx_text, scan_indexes
+from .._samples import open_origin
+from .._urls import shard_name
+from ._common import bar, say, shard_urls
+
+__all__ = ["cmd_index", "merge_sizes"]
+
+
+def merge_sizes(dest: Destination, name: str, counts: Dict[str, int]) -> None:
+    """Write `counts` into the sizes file `name` of `dest`, keeping the entries it already has."""
+    existing: Dict[str, int] = {}
+    if dest.exists(name):
+        existing = json.loads(b"".join(open_origin(dest.where(name))))
+    existing.update(counts)
+    dest.write_bytes(name, json.dumps(dict(sorted(existing.items())), indent=1).encode())
+
+
+def _sizes_target(args, urls: List[str], paths: List[Optional[str]]) -> Tuple[Destination, str]:
+    if args.sizes:
+        directory, name = os.path.split(args.sizes.rstrip("/")) if "://" not in args.sizes else args.sizes.rsplit("/", 1)
+        return Destination(directory or "."), name
+    if args.out:
+        return Destination(args.out), "sizes.json"
+    directories = {os.path.dirname(path) for path in paths if path is not None}
+    if None in paths or len(directories) != 1:
+        raise UsageError(
+            "the shards are not all in one local directory: say where to write sizes.json with --sizes PATH, "
+            "or where to write every index with --out DIR"
+        )
+    return Destination(directories.pop() or "."), "sizes.json"
+
+
+def cmd_index(args) -> int:
+    urls = shard_urls(args.urls)
+    paths = [local_path_of(url) for url in urls]
+    sizes_dest, sizes_name = _sizes_target(args, urls, paths)
+    out = Destination(args.out) if args.out else None
+    if out is not None:
+        out.prepare()
+    write_idx = not args.no_idx
+    skipped_remote = 0
+
+    def scan(url: str):
+        return scan_indexes(url, open_origin(url), dali=write_idx and not args.no_dali)
+
+    counts: Dict[str, int] = {}
+    threads = max(1, min(args.threads, len(urls)))
+    with ThreadPoolExecutor(threads, thread_name_prefix="shardstream-index") as pool, \
+            bar(len(urls), "shardstream index", "shard", args.quiet) as progress:
+        for url, path, (summary, dali, why) in zip(urls, paths, pool.map(scan, urls)):
+            progress.update()
+            name = shard_name(url)  # never a query string (signed URLs)
+            counts[name] = summary.count
+            target = out if out is not None else (Destination(os.path.dirname(path) or ".") if path is not None else None)
+            note = ""
+            if write_idx and target is not None:
+                target.write_bytes(name + ".idx", idx_text(summary.samples).encode("utf-8", "surrogateescape"))
+                if dali is not None:
+                    target.write_bytes(name + ".dali.idx", dali_text(dali).encode("utf-8", "surrogateescape"))
+                elif not args.no_dali:
+                    note = f" (no .dali.idx: {why})"
+            elif write_idx:
+                skipped_remote += 1
+            say(f"{url}: {summary.count} samples{note}")
+    if skipped_remote:
+        say(f"{skipped_remote} remote shards got no .idx (they go beside local shards only): --out DIR writes them anywhere")
+    sizes_dest.prepare()
+    merge_sizes(sizes_dest, sizes_name, counts)
+    say(f"wrote {sizes_dest.where(sizes_name)}")
+    return 0

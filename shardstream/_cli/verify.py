@@ -1,0 +1,121 @@
+"""`verify`: read every shard exactly as the loader does (its reader, its strictness), check the
+counts in sizes.json / .idx, decode every image (`--no-decode` skips), and check that every
+sample has the `--require`d fields. Each problem is reported with shard, member and byte offset;
+the exit status is 1 when anything failed."""
+
+from __future__ import annotations
+
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from .._counts import known_counts
+from .._errors import FormatError, ShardStreamError
+from .._keys import base_plus_ext
+from .._members import iter_members
+from .._samples import TarShardSamples, open_origin
+from ._common import bar, is_image, say, shard_urls
+
+__all__ = ["cmd_verify", "parse_require", "verify_shard"]
+
+SHOWN_PER_SHARD = 10
+
+Problem = Tuple[str, str, Optional[str]]  # (message, key, field or None: the whole sample)
+
+
+def parse_require(text: Optional[str]) -> List[Tuple[str, ...]]:
+    """"jpg;png,txt" -> [("jpg", "png"), ("txt",)]: each group needs one of its fields."""
+    if not text:
+        return []
+    return [tuple(f.strip().lower() for f in group.split(";") if f.strip()) for group in text.split(",") if group.strip()]
+
+
+def _decode(data: bytes) -> None:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+
+
+def _locate(url: str, problems: Sequence[Problem]) -> Dict[Tuple[str, Optional[str]], Tuple[str, int]]:
+    """(key, field) -> (member name, offset), by a second read of the shard (only when it failed)."""
+    wanted: Set[Tuple[str, Optional[str]]] = {(key, field) for _, key, field in problems}
+    keys = {key for key, _ in wanted}
+    found: Dict[Tuple[str, Optional[str]], Tuple[str, int]] = {}
+    for name, _data, offset in iter_members(open_origin(url), url):
+        key, ext = base_plus_ext(name)
+        if key not in keys:
+            continue
+        found.setdefault((key, None), (name, offset))
+        if ext is not None and (key, ext.lower()) in wanted:
+            found.setdefault((key, ext.lower()), (name, offset))
+    return found
+
+
+def verify_shard(url: str, require: Sequence[Tuple[str, ...]] = (), decode: bool = True) -> Tuple[Dict[str, Any], List[str]]:
+    """(summary, problems as printable lines); raises ShardStreamError for a shard the loader fails."""
+    summary: Dict[str, Any] = {"samples": 0, "members": 0, "bytes": 0, "images": 0, "fields": {}}
+    problems: List[Problem] = []
+    for sample in TarShardSamples().run([url]):
+        summary["samples"] += 1
+        key = sample["__key__"]
+        for field, value in sample.items():
+            if field.startswith("__"):
+                continue
+            summary["members"] += 1
+            summary["bytes"] += len(value)
+            summary["fields"][field] = summary["fields"].get(field, 0) + 1
+            if decode and is_image(field):
+                summary["images"] += 1
+                try:
+                    _decode(value)
+                except Exception as exn:  # Pillow raises many kinds: each one is this image's problem
+                    problems.append((f"image does not decode: {type(exn).__name__}: {exn}", key, field))
+        for group in require:
+            if not any(field in sample for field in group):
+                problems.append((f"sample {key!r} has no {' or '.join(group)!r} field", key, None))
+    expected = known_counts([url])[0]
+    if expected is not None and expected != summary["samples"]:
+        raise FormatError(f"the shard has {summary['samples']} samples, its sizes.json / .idx says {expected}", url=url)
+    lines = []
+    if problems:
+        where = _locate(url, problems[:SHOWN_PER_SHARD])
+        for message, key, field in problems[:SHOWN_PER_SHARD]:
+            member, offset = where.get((key, field), where.get((key, None), (None, None)))
+            lines.append(str(FormatError(message, url=url, member=member, offset=offset)))
+        if len(problems) > SHOWN_PER_SHARD:
+            lines.append(f"... and {len(problems) - SHOWN_PER_SHARD} more problems in {url}")
+    return summary, lines
+
+
+def _check(url: str, require: Sequence[Tuple[str, ...]], decode: bool) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+    try:
+        return verify_shard(url, require, decode)
+    except ShardStreamError as exn:
+        return None, [str(exn)]
+
+
+def cmd_verify(args) -> int:
+    require = parse_require(args.require)
+    urls = shard_urls(args.urls)
+    failed = 0
+    totals = {"shards": 0, "samples": 0, "members": 0, "bytes": 0, "images": 0}
+    threads = max(1, min(args.threads, len(urls)))
+    with ThreadPoolExecutor(threads, thread_name_prefix="shardstream-verify") as pool, \
+            bar(len(urls), "shardstream verify", "shard", args.quiet) as progress:
+        for url, (summary, problems) in zip(urls, pool.map(lambda u: _check(u, require, not args.no_decode), urls)):
+            progress.update()
+            for line in problems:
+                say(f"FAIL {line}")
+            if summary is None or problems:
+                failed += 1
+            if summary is None:
+                continue
+            totals["shards"] += 1
+            for key in ("samples", "members", "bytes", "images"):
+                totals[key] += summary[key]
+            if args.verbose and not problems:
+                say(f"ok   {url}: {summary['samples']} samples, {summary['members']} members, fields {summary['fields']}")
+    say(json.dumps({**totals, "failed": failed}))
+    return 1 if failed else 0

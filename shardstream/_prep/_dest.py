@@ -1,0 +1,90 @@
+"""Where `create` and `index` write: a local directory or any fsspec URL (s3://, gs://, memory://).
+
+Local files are written under a hidden temporary name inside the directory and renamed when
+complete, so a reader never sees half a shard and nothing lands outside DEST. Remote objects
+are written through fsspec; a failed write is discarded, not committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, BinaryIO, Iterator, Optional, Tuple
+
+from .._errors import UsageError
+from .._open import local_path_of
+from .._redact import redact
+
+__all__ = ["Destination"]
+
+
+class Destination:
+    """A directory to write named files into (picklable: workers rebuild their own client)."""
+
+    def __init__(self, url: str) -> None:
+        if url.startswith(("http://", "https://", "pipe:")) or url == "-":
+            raise UsageError(f"cannot write to {redact(url)}: give a directory or a writable URL (s3://, gs://, ...)")
+        self.url = url.rstrip("/") or url
+        self.local: Optional[str] = local_path_of(url)
+        self._fs: Optional[Tuple[Any, str]] = None
+
+    def __getstate__(self) -> dict:
+        return {"url": self.url, "local": self.local, "_fs": None}
+
+    def _remote(self) -> Tuple[Any, str]:
+        if self._fs is None:
+            import fsspec
+
+            try:
+                self._fs = fsspec.core.url_to_fs(self.url)
+            except (ImportError, ValueError) as exn:
+                raise UsageError(f"cannot write to {redact(self.url)}: {exn}") from None
+        return self._fs
+
+    def where(self, name: str) -> str:
+        """The path or URL of `name` in this destination (redact before showing it)."""
+        return os.path.join(self.local, name) if self.local is not None else f"{self.url}/{name}"
+
+    def prepare(self) -> None:
+        """Create the directory (local) or check that it can be reached (remote)."""
+        if self.local is not None:
+            os.makedirs(self.local, exist_ok=True)
+            return
+        fs, root = self._remote()
+        with contextlib.suppress(NotImplementedError):
+            fs.makedirs(root, exist_ok=True)
+
+    def exists(self, name: str) -> bool:
+        if self.local is not None:
+            return os.path.exists(os.path.join(self.local, name))
+        fs, root = self._remote()
+        return bool(fs.exists(f"{root}/{name}"))
+
+    @contextlib.contextmanager
+    def open(self, name: str) -> Iterator[BinaryIO]:
+        """A binary stream for `name`; the file appears only when the block ends without error."""
+        if self.local is not None:
+            final = os.path.join(self.local, name)
+            temp = os.path.join(self.local, f".{name}.tmp{os.getpid()}")
+            try:
+                with open(temp, "wb") as f:
+                    yield f
+                os.replace(temp, final)
+            finally:
+                if os.path.exists(temp):
+                    os.unlink(temp)
+            return
+        fs, root = self._remote()
+        f = fs.open(f"{root}/{name}", "wb")
+        try:
+            yield f
+        except BaseException:
+            discard = getattr(f, "discard", None)
+            if discard is not None:
+                discard()
+            raise
+        f.close()
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        with self.open(name) as f:
+            f.write(data)
