@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 import weakref
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from ._config import engine_defaults
 from ._decode import pickle_allowed
@@ -122,7 +122,14 @@ class SubprocessLoader(IterableDataset):
         self._stateful().load_state_dict(state)
 
     def set_epoch(self, epoch: int) -> None:
-        self._stateful().set_epoch(epoch)
+        """Set the dataset's epoch; the next iteration's helper gets it with the recipe."""
+        target = self._pipeline if self._pipeline is not None else self.dataset
+        if not hasattr(target, "set_epoch"):
+            raise UsageError("this dataset has no set_epoch")
+        target.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
 
 
 def _context(name: Optional[str]) -> Any:
@@ -223,8 +230,8 @@ class SubprocessIterator:
         recipe = loader.recipe()  # a loaded resume point goes with it
         rank, world, _worker, _workers = pytorch_worker_info()
         environ = dict(os.environ)
-        environ.setdefault("RANK", str(rank))  # a process group set up without env vars
-        environ.setdefault("WORLD_SIZE", str(world))
+        if world > 1 and "RANK" not in environ:  # a process group set up without env vars
+            environ.update(RANK=str(rank), WORLD_SIZE=str(world))
         preload = loader.preload if loader.preload is not None else (("torch",) if "torch" in sys.modules else ())
         prefix = f"shardstream-{os.getpid()}-{secrets.token_hex(4)}-"
         options = HelperOptions(
