@@ -31,7 +31,7 @@ __all__ = ["HelperOptions", "Report", "helper_main", "pipeline_of"]
 
 _POLL_S = 0.05
 _LISTEN_S = 0.25
-_STOP_GRACE_S = 2.0  # after "stop", how long the pipeline may take to close before a hard exit
+_STOP_GRACE_S = 1.0  # after "stop", how long the pipeline may take to close before a hard exit
 
 Report = Optional[Tuple[int, Any, int, int]]  # delivered, position, pass_base, passes started
 
