@@ -93,7 +93,7 @@ def _collect(urls: List[str], threads: int, images: bool, quiet: bool) -> Dict[s
 def _spread(values: List[int]) -> Dict[str, Any]:
     if not values:
         return {}
-    return {"min": min(values), "median": statistics.median(values), "mean": round(statistics.fmean(values), 1), "max": max(values)}
+    return {"min": min(values), "median": statistics.median(values), "mean": round(statistics.fmean(values), 2), "max": max(values)}
 
 
 def _text(report: Dict[str, Any]) -> List[str]:

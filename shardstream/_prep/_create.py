@@ -22,7 +22,8 @@ __all__ = ["CreateSummary", "create_shards"]
 
 @dataclass
 class CreateSummary:
-    """What a `create` run did; `samples_per_s` counts the write phase (listing excluded)."""
+    """What a `create` run did; `samples_per_s` counts the write phase (listing and the start
+    of a local Ray excluded: `list_s`, `engine_start_s`)."""
 
     dest: str
     engine: str
@@ -32,6 +33,7 @@ class CreateSummary:
     file_bytes: int = 0
     payload_bytes: int = 0
     list_s: float = 0.0
+    engine_start_s: float = 0.0
     write_s: float = 0.0
     failures: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
@@ -45,7 +47,7 @@ class CreateSummary:
         return {
             "dest": self.dest, "engine": self.engine, "workers": self.workers, "shards": self.shards,
             "samples": self.samples, "file_bytes": self.file_bytes, "payload_bytes": self.payload_bytes,
-            "list_s": round(self.list_s, 3), "write_s": round(self.write_s, 3),
+            "list_s": round(self.list_s, 3), "engine_start_s": round(self.engine_start_s, 3), "write_s": round(self.write_s, 3),
             "samples_per_s": round(self.samples_per_s, 1), "failures": self.failures, "notes": self.notes,
         }
 
@@ -85,9 +87,16 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
         bar.update(result.count + len(result.failures))
 
     write_started = time.perf_counter()
+
+    def engine_ready() -> None:
+        nonlocal write_started
+        now = time.perf_counter()
+        summary.engine_start_s = now - write_started
+        write_started = now
+
     try:
         if opts.engine == "ray":
-            run_ray(mine, ctx, on_result, address=opts.ray_address, cpus=opts.workers)
+            run_ray(mine, ctx, on_result, address=opts.ray_address, cpus=opts.workers, on_ready=engine_ready)
         else:
             run_local(mine, ctx, workers, on_result)
     finally:

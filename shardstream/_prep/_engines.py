@@ -42,31 +42,27 @@ def run_local(tasks: Sequence[ShardTask], ctx: WriteContext, workers: int, on_re
 
 
 def _ray_write(row: Dict[str, bytes]) -> Dict[str, bytes]:
-    """A Ray Data row in (a pickled task and context), a pickled ShardResult out."""
+    """A Ray Data row in (a pickled task and context), a pickled ShardResult out; a failure is
+    shipped back as an item (Ray would wrap it in its own errors and log it as a crash)."""
     task, ctx = pickle.loads(row["task"])
-    return {"result": pickle.dumps(write_shard(task, ctx))}
-
-
-def _cause(exn: BaseException) -> BaseException:
-    """The ShardStreamError a Ray task raised, out of Ray's wrappers (else `exn`)."""
-    seen = set()
-    current: Optional[BaseException] = exn
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ShardStreamError):
-            return current
-        cause = getattr(current, "cause", None)
-        current = cause if isinstance(cause, BaseException) else (current.__cause__ or current.__context__)
-    return exn
+    try:
+        return {"result": pickle.dumps(write_shard(task, ctx)), "error": b""}
+    except Exception as exn:
+        try:
+            shipped = pickle.dumps(exn)
+        except Exception:  # an exception that does not pickle: its text, in our error tree
+            shipped = pickle.dumps(ShardStreamError(f"shard {task.name}: {type(exn).__name__}: {redact(exn)}"))
+        return {"result": b"", "error": shipped}
 
 
 def run_ray(
     tasks: Sequence[ShardTask], ctx: WriteContext, on_result: OnResult, *, address: Optional[str] = None,
-    cpus: Optional[int] = None,
+    cpus: Optional[int] = None, on_ready: Optional[Callable[[], None]] = None,
 ) -> None:
     """Write the shards as Ray Data tasks, one block (one task) per shard. Connects to `address`
     ("auto", "ray://host:10001", "host:6379"), else starts a local Ray for the job, bound to
-    127.0.0.1 with `cpus` CPUs and no dashboard, and stops it at the end."""
+    127.0.0.1 with `cpus` CPUs and no dashboard, and stops it at the end. `on_ready` is called
+    once Ray is up (the caller times the writing apart from Ray's start)."""
     try:
         import ray
         import ray.data
@@ -80,19 +76,20 @@ def run_ray(
         else:
             ray.init(num_cpus=cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
         started = True
+    # Ray Data logs each execution at INFO, and a warning that we turned its progress bars off
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    if on_ready is not None:
+        on_ready()
     try:
         data_context = ray.data.DataContext.get_current()
         data_context.enable_progress_bars = False  # the command shows its own
         rows = [{"task": pickle.dumps((task, ctx))} for task in tasks]
         dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map(_ray_write, num_cpus=1)
-        try:
-            for row in dataset.iter_rows():
-                on_result(pickle.loads(row["result"]))
-        except Exception as exn:
-            cause = _cause(exn)
-            if cause is not exn:
-                raise cause from None
-            raise ShardStreamError(f"a Ray task failed: {redact(exn)}") from None
+        for row in dataset.iter_rows():
+            if row["error"]:
+                raise pickle.loads(row["error"])
+            on_result(pickle.loads(row["result"]))
     finally:
         if started:
             ray.shutdown()

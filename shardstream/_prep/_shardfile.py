@@ -56,13 +56,17 @@ class ShardResult(NamedTuple):
 
 
 class _Counting:
-    """A write-only stream that counts what passes through it."""
+    """A write-only stream that counts what passes through it. Once `abandoned`, writes are
+    dropped (tarfile and gzip flush from their finalizers after a failed shard was discarded)."""
 
     def __init__(self, raw: BinaryIO) -> None:
         self.raw = raw
         self.written = 0
+        self.abandoned = False
 
     def write(self, data: Any) -> int:
+        if self.abandoned:
+            return len(data)
         self.written += len(data)
         return self.raw.write(data)
 
@@ -95,7 +99,7 @@ def _read(ref: Ref) -> bytes:
 
 def _where(row: Row) -> str:
     refs = [value.url for _, value in row.fields if isinstance(value, Ref)]
-    return f" ({redact(refs[0])})" if refs else ""
+    return f" from {redact(refs[0])}" if refs else ""
 
 
 def _materialise(ctx: WriteContext) -> Callable[[Tuple[Row, Optional[Dict[str, Any]]]], tuple]:
@@ -111,7 +115,7 @@ def _materialise(ctx: WriteContext) -> Callable[[Tuple[Row, Optional[Dict[str, A
                 fields = reencode_fields(fields, ctx.reencode)
             return key, fields, None
         except Exception as exn:  # one sample's failure: reported (or skipped) by the writer
-            return key, None, f"sample {key!r}{_where(row)}: {type(exn).__name__}: {redact(exn)}"
+            return key, None, f"sample {key!r}{_where(row)} - {type(exn).__name__}: {redact(exn)}"
 
     return run
 
@@ -145,54 +149,65 @@ def _compressor(stream: Any, name: str, mtime: int) -> Tuple[Any, Any, Optional[
     return stream, None, None
 
 
+def _write_samples(
+    task: ShardTask, ctx: WriteContext, out: _Counting, samples: List[Tuple[int, str]], dali: List[List[DaliMember]],
+    failures: List[str],
+) -> Tuple[int, bool]:
+    """Write the shard's tar into `out`, filling the index lists; (payload bytes, compressed)."""
+    stream, layer, compress = _compressor(out, task.name, ctx.mtime)
+    writer = TarWriter(stream, compress=compress or False, encoder=False, mtime=ctx.mtime)
+    tar = writer.tarstream
+    previous = None
+    payload = 0
+    for key, fields, error in _ordered(_materialise(ctx), _inputs(task, ctx), ctx.threads):
+        if error is not None:
+            if not ctx.skip_errors:
+                raise ShardStreamError(f"shard {task.name}: {error} (--skip-errors leaves such samples out)")
+            failures.append(error)
+            continue
+        if key == previous:
+            raise ShardStreamError(f"shard {task.name}: sample key {key!r} twice in a row; readers would merge the two: use --rekey")
+        previous = key
+        samples.append((tar.offset, key))
+        members: List[DaliMember] = []
+        for ext in sorted(fields):  # TarWriter's member order; one write per member gives its offsets
+            if ext.startswith("_"):
+                continue
+            data = fields[ext]
+            writer.write({"__key__": key, ext: data})
+            name = f"{key}.{ext}"
+            members.append((dali_split(name)[1], tar.offset - (len(data) + _BLOCK - 1) // _BLOCK * _BLOCK, len(data), name))
+            payload += len(data)
+        dali.append(members)
+    if not samples:
+        raise ShardStreamError(f"shard {task.name}: every one of its {len(task.rows)} samples failed: {failures[:3]}")
+    writer.close()
+    if layer is not None:
+        layer.close()
+    return payload, layer is not None or compress is not None
+
+
 def write_shard(task: ShardTask, ctx: WriteContext) -> ShardResult:
     """Write one shard and its indexes into ctx.dest.
 
     Raises:
         ShardStreamError: a sample failed (unless skip_errors), a key repeats back to back, or
-            every sample of the shard failed.
+            every sample of the shard failed. Nothing of the shard is left behind then.
     """
     samples: List[Tuple[int, str]] = []
     dali: List[List[DaliMember]] = []
     failures: List[str] = []
     notes: List[str] = []
-    payload = 0
     with ctx.dest.open(task.name) as raw:
         counting = _Counting(raw)
-        stream, layer, compress = _compressor(counting, task.name, ctx.mtime)
-        writer = TarWriter(stream, compress=compress or False, encoder=False, mtime=ctx.mtime)
-        tar = writer.tarstream
-        previous = None
-        for key, fields, error in _ordered(_materialise(ctx), _inputs(task, ctx), ctx.threads):
-            if error is not None:
-                if not ctx.skip_errors:
-                    raise ShardStreamError(f"shard {task.name}: {error} (--skip-errors leaves such samples out)")
-                failures.append(error)
-                continue
-            if key == previous:
-                raise ShardStreamError(
-                    f"shard {task.name}: sample key {key!r} twice in a row; readers would merge the two: use --rekey"
-                )
-            previous = key
-            samples.append((tar.offset, key))
-            members: List[DaliMember] = []
-            for ext in sorted(fields):
-                data = fields[ext]
-                if ext.startswith("_"):
-                    continue
-                writer.write({"__key__": key, ext: data})
-                name = f"{key}.{ext}"
-                members.append((dali_split(name)[1], tar.offset - (len(data) + _BLOCK - 1) // _BLOCK * _BLOCK, len(data), name))
-                payload += len(data)
-            dali.append(members)
-        if not samples:
-            raise ShardStreamError(f"shard {task.name}: every one of its {len(task.rows)} samples failed: {failures[:3]}")
-        writer.close()
-        if layer is not None:
-            layer.close()
+        try:
+            payload, compressed = _write_samples(task, ctx, counting, samples, dali, failures)
+        except BaseException:
+            counting.abandoned = True
+            raise
     ctx.dest.write_bytes(task.name + ".idx", idx_text(samples).encode("utf-8", "surrogateescape"))
     if ctx.dali:
-        if compress or layer is not None:
+        if compressed:
             notes.append(f"{task.name}: no .dali.idx (DALI reads plain tars)")
         elif any(c.isspace() for members in dali for _, _, _, name in members for c in name):
             notes.append(f"{task.name}: no .dali.idx (a member name holds whitespace)")

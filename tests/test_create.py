@@ -1,0 +1,360 @@
+"""`shardstream create` and the commands around it, driven as a user drives them (subprocesses):
+folder -> create -> verify -> index -> read by webdataset 1.0.2 and shardstream; byte-identical
+output whatever the workers; manifests with URLs from the test HTTP server; resharding; hand
+partitioning; S3 as DEST; nothing written outside DEST."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+import webdataset
+from PIL import Image
+
+import shardstream as wds
+from motoserver import moto_endpoint, s3_admin, s3_env  # noqa: F401 - fixtures
+from shardstream._prep._indexes import read_dali_index
+
+pytestmark = pytest.mark.timeout(180)
+
+CLASSES = {"cat": 9, "dog": 8, "eel": 6}
+SAMPLES = sum(CLASSES.values()) + 2  # + dog/alpha.png, eel/Big.Fish.JPEG
+TOKEN = "Zq9createtok"
+
+
+def cli(*args, cwd=None, timeout=120):
+    """Run `python -m shardstream ARGS` as a user would; (exit status, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "shardstream", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+    return done.returncode, done.stdout, done.stderr
+
+
+def tree(root) -> dict:
+    """{relative path: bytes} of every file under root."""
+    found = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            found[os.path.relpath(path, root)] = open(path, "rb").read()
+    return found
+
+
+def shards_of(dest) -> list:
+    return sorted(os.path.join(dest, n) for n in os.listdir(dest) if n.endswith(".tar"))
+
+
+def samples_of(urls) -> dict:
+    return {s["__key__"]: {k: v for k, v in s.items() if not k.startswith("__")}
+            for s in wds.WebDataset(urls, shardshuffle=False)}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An ImageFolder: 3 class folders of JPEGs of assorted sizes, a PNG with alpha, an upper-case
+    .JPEG with dots in its name, a caption file beside one image, a hidden file."""
+    src = tmp_path_factory.mktemp("imagefolder") / "images"
+    rng = np.random.default_rng(0)
+    for name, count in CLASSES.items():
+        (src / name).mkdir(parents=True)
+        for i in range(count):
+            pixels = rng.integers(0, 255, (30 + 9 * i, 40 + 11 * i, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(src / name / f"img{i}.jpg", quality=85)
+    Image.new("RGBA", (50, 20), (255, 0, 0, 128)).save(src / "dog" / "alpha.png")
+    (src / "eel" / "Big.Fish.JPEG").write_bytes((src / "eel" / "img5.jpg").read_bytes())
+    (src / "cat" / "img0.txt").write_text("the first cat")
+    (src / ".hidden").write_text("not a sample")
+    return src
+
+
+@pytest.fixture(scope="module")
+def files(folder):
+    return str(folder), None  # what the conftest `server` fixture serves
+
+
+@pytest.fixture(scope="module")
+def created(folder, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("created") / "shards"
+    code, out, err = cli("create", folder, dest, "--maxcount", 7, "--seed", 3, "--workers", 2, "--threads", 2)
+    assert code == 0, err
+    assert "shardstream create" not in err  # no progress bar without a terminal
+    return dest
+
+
+def test_round_trip_folder_create_verify_index_and_both_readers(folder, created, tmp_path):
+    names = sorted(os.listdir(created))
+    assert [n for n in names if n.endswith(".tar")] == [f"shard-{i:06d}.tar" for i in range(4)]
+    assert json.loads((created / "classes.json").read_text()) == {"cat": 0, "dog": 1, "eel": 2}
+    sizes = json.loads((created / "sizes.json").read_text())
+    assert sizes == {f"shard-{i:06d}.tar": n for i, n in enumerate([7, 7, 7, SAMPLES - 21])}
+
+    code, out, err = cli("verify", created, "--require", "jpg;png,cls", "-v")
+    assert code == 0, out + err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report == {**report, "shards": 4, "samples": SAMPLES, "images": SAMPLES, "failed": 0}
+
+    # index rebuilds exactly what create wrote (indexes and sizes.json), here into --out
+    code, out, err = cli("index", created, "--out", tmp_path / "idx")
+    assert code == 0, err
+    for name, data in tree(tmp_path / "idx").items():
+        assert data == (created / name).read_bytes(), name
+
+    urls = shards_of(created)
+    ours = list(wds.WebDataset(urls, shardshuffle=False))
+    theirs = list(webdataset.WebDataset(urls, shardshuffle=False))
+    assert [s["__key__"] for s in ours] == [s["__key__"] for s in theirs]
+    for a, b in zip(ours, theirs):
+        assert {k: v for k, v in a.items() if k != "__local_path__"} == {k: v for k, v in b.items() if k != "__local_path__"}
+    by_key = {s["__key__"]: s for s in ours}
+    assert len(by_key) == SAMPLES and sorted(by_key) != [s["__key__"] for s in ours]  # shuffled
+    assert by_key["cat/img3"]["jpg"] == (folder / "cat" / "img3.jpg").read_bytes()
+    assert by_key["cat/img3"]["cls"] == b"0" and by_key["eel/img1"]["cls"] == b"2"
+    assert by_key["cat/img0"]["txt"] == b"the first cat"
+    assert by_key["dog/alpha"]["png"] == (folder / "dog" / "alpha.png").read_bytes()
+    assert by_key["eel/Big_Fish"]["jpg"] == (folder / "eel" / "Big.Fish.JPEG").read_bytes()
+    with tarfile.open(urls[0]) as tar:
+        member = tar.getmembers()[0]
+        assert (member.mtime, member.uname, member.gname, member.mode, member.uid) == (0, "bigdata", "bigdata", 0o444, 0)
+
+
+def test_same_bytes_whatever_the_workers_threads_and_seed(folder, created, tmp_path):
+    code, _, err = cli("create", folder, tmp_path / "one", "--maxcount", 7, "--seed", 3, "--workers", 1, "--threads", 1)
+    assert code == 0, err
+    assert tree(tmp_path / "one") == tree(created)
+    code, _, err = cli("create", folder, tmp_path / "unshuffled", "--maxcount", 7)
+    assert code == 0, err
+    keys = list(samples_of(shards_of(tmp_path / "unshuffled")))
+    assert keys == sorted(keys)
+
+
+def test_dali_index_offsets_are_tarfile_payload_offsets(created, tmp_path):
+    shard = shards_of(created)[0]
+    with tarfile.open(shard) as tar:
+        expected = [(m.name, m.offset_data, m.size) for m in tar.getmembers()]
+    dali = read_dali_index((created / (os.path.basename(shard) + ".dali.idx")).read_text())
+    assert [(name, offset, size) for sample in dali for _, offset, size, name in sample] == expected
+    assert all(len({n.split(".")[0] for _, _, _, n in sample}) == 1 for sample in dali)
+
+    # PAX and GNU long names push the payload further than one header block
+    long_key = "deep/" * 30 + "naïve-sample"
+    for fmt, name in ((tarfile.PAX_FORMAT, "pax.tar"), (tarfile.GNU_FORMAT, "gnu.tar")):
+        with tarfile.open(tmp_path / name, "w", format=fmt) as tar:
+            for key in ("s0", long_key, "s2"):
+                for ext, data in (("cls", b"1"), ("txt", b"x" * 700)):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    code, out, err = cli("index", f"{tmp_path / 'pax.tar'}::{tmp_path / 'gnu.tar'}")
+    assert code == 0, err
+    for name in ("pax.tar", "gnu.tar"):
+        with tarfile.open(tmp_path / name) as tar:
+            members = tar.getmembers()
+        dali = read_dali_index((tmp_path / f"{name}.dali.idx").read_text())
+        assert [(n, o, s) for sample in dali for _, o, s, n in sample] == [(m.name, m.offset_data, m.size) for m in members]
+        assert [ext for sample in dali for ext, _, _, _ in sample] == ["cls", "txt"] * 3
+        ours = [line.split(" ", 1) for line in (tmp_path / f"{name}.idx").read_text().splitlines()]
+        assert [(int(o), k) for o, k in ours] == [(m.offset, m.name.rsplit(".", 1)[0]) for m in members[::2]]
+
+
+def test_reencoding_bounds_the_longer_side(folder, tmp_path):
+    code, _, err = cli("create", folder, tmp_path / "small", "--max-side", 48, "--maxcount", 100, "--workers", 1)
+    assert code == 0, err
+    samples = samples_of(shards_of(tmp_path / "small"))
+    for key, fields in samples.items():
+        image = fields.get("jpg") or fields["png"]
+        size = Image.open(io.BytesIO(image)).size
+        assert max(size) <= 48, (key, size)
+    assert samples["cat/img0"]["jpg"] == (folder / "cat" / "img0.jpg").read_bytes()  # 40x30: kept as it is
+    assert samples["cat/img8"]["jpg"] != (folder / "cat" / "img8.jpg").read_bytes()
+    code, _, err = cli("create", folder, tmp_path / "q", "--quality", 60, "--max-side", 32, "--maxcount", 100, "--workers", 1)
+    assert code == 0, err
+    samples = samples_of(shards_of(tmp_path / "q"))
+    assert "png" not in samples["dog/alpha"] and Image.open(io.BytesIO(samples["dog/alpha"]["jpg"])).mode == "RGB"
+    assert all(max(Image.open(io.BytesIO(f["jpg"])).size) <= 32 for f in samples.values())
+
+
+def _manifest(path, rows, header=("url", "caption", "label", "source")):
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def test_manifest_of_urls_from_the_http_server(server, folder, tmp_path):
+    server.options.require_token = TOKEN
+    try:
+        rows = [[server.url(f"cat/img{i}.jpg", token=TOKEN), f"cat number {i}", 0, "web"] for i in range(5)]
+        rows.insert(2, [server.url("cat/missing.jpg", token=TOKEN), "gone", 0, "web"])
+        manifest = _manifest(tmp_path / "urls.csv", rows)
+        code, out, err = cli("create", manifest, tmp_path / "strict", "--maxcount", 4, "--workers", 1)
+        assert code == 1 and "missing.jpg" in err and "--skip-errors" in err
+        assert TOKEN not in out + err
+        assert not [n for n in os.listdir(tmp_path / "strict") if n.startswith(".")]  # no temp files left
+        code, out, err = cli("create", manifest, tmp_path / "web", "--maxcount", 4, "--skip-errors", "--workers", 2)
+        assert code == 0, err
+        assert "left out: sample '000000002'" in out and TOKEN not in out + err
+    finally:
+        server.options.require_token = None
+    for data in tree(tmp_path / "web").values():
+        assert TOKEN.encode() not in data
+    samples = samples_of(shards_of(tmp_path / "web"))
+    assert list(samples) == ["000000000", "000000001", "000000003", "000000004", "000000005"]
+    first = samples["000000003"]
+    assert first["jpg"] == (folder / "cat" / "img2.jpg").read_bytes()
+    assert first["txt"] == b"cat number 2" and first["cls"] == b"0"
+    meta = json.loads(first["json"])
+    assert meta["source"] == "web" and meta["key"] == "000000003" and meta["url"].endswith("img2.jpg?token=***")
+    assert json.loads((tmp_path / "web" / "sizes.json").read_text()) == {"shard-000000.tar": 3, "shard-000001.tar": 2}
+
+
+def test_csv_jsonl_and_parquet_manifests_give_the_same_shards(folder, tmp_path):
+    records = [{"path": f"images/{c}/img{i}.jpg", "caption": f"{c} {i}", "label": n, "extra": f"e{i}"}
+               for n, c in enumerate(CLASSES) for i in range(3)]
+    os.symlink(folder, tmp_path / "images")  # manifest paths are relative to the manifest
+    _manifest(tmp_path / "m.csv", [list(r.values()) for r in records], header=list(records[0]))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    inputs = ["m.csv", "m.jsonl"]
+    try:
+        import pyarrow
+        import pyarrow.parquet
+
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), tmp_path / "m.parquet")
+        inputs.append("m.parquet")
+    except ImportError:
+        pass
+    for name in inputs:
+        code, _, err = cli("create", tmp_path / name, tmp_path / f"out-{name}", "--maxcount", 4, "--seed", 1, "--workers", 1)
+        assert code == 0, (name, err)
+    results = [tree(tmp_path / f"out-{name}") for name in inputs]
+    assert all(result == results[0] for result in results[1:])
+    samples = samples_of(shards_of(tmp_path / "out-m.csv"))
+    assert len(samples) == 9 and {s["cls"] for s in samples.values()} == {b"0", b"1", b"2"}
+
+
+def test_reshard_keeps_every_sample(created, tmp_path):
+    source = samples_of(shards_of(created))
+    code, _, err = cli("create", created, tmp_path / "re", "--maxcount", 10, "--seed", 5, "--workers", 2)
+    assert code == 0, err
+    resharded = samples_of(shards_of(tmp_path / "re"))
+    assert resharded == source and list(resharded) != list(source)
+    assert json.loads((tmp_path / "re" / "sizes.json").read_text()) == {
+        "shard-000000.tar": 10, "shard-000001.tar": 10, "shard-000002.tar": SAMPLES - 20}
+    code, _, err = cli("create", created, tmp_path / "same", "--maxcount", 100, "--pattern", "all-%02d.tar.gz", "--rekey")
+    assert code == 0, err
+    rekeyed = list(wds.WebDataset(str(tmp_path / "same" / "all-00.tar.gz"), shardshuffle=False))
+    assert [s["__key__"] for s in rekeyed] == [f"{i:09d}" for i in range(SAMPLES)]
+    assert [s["jpg" if "jpg" in s else "png"] for s in rekeyed] == [f.get("jpg", f.get("png")) for f in source.values()]
+    biggest = max(len(b"".join(f.values())) for f in source.values())
+    code, _, err = cli("create", created, tmp_path / "sized", "--maxsize", 30000, "--rekey")
+    assert code == 0, err
+    for shard in shards_of(tmp_path / "sized"):
+        payload = sum(len(v) for s in samples_of(shard).values() for v in s.values())
+        assert payload < 30000 + biggest
+
+
+def test_hand_partitioning_writes_what_one_run_writes(folder, created, tmp_path):
+    for rank in (1, 0):
+        code, _, err = cli("create", folder, tmp_path / "parts", "--maxcount", 7, "--seed", 3, "--rank", rank,
+                           "--world-size", 2, "--workers", 1)
+        assert code == 0, err
+    assert tree(tmp_path / "parts") == tree(created)
+
+
+def test_nothing_is_written_outside_dest(folder, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    code, _, err = cli("create", folder, "out", "--maxcount", 50, "--workers", 1, cwd=work)
+    assert code == 0, err
+    assert os.listdir(work) == ["out"] and not [n for n in os.listdir(work / "out") if n.startswith(".")]
+    code, _, err = cli("create", folder, "out", cwd=work)
+    assert code == 1 and "--overwrite" in err
+    code, _, err = cli("create", folder, "out", "--overwrite", "--workers", 1, cwd=work)
+    assert code == 0, err
+    for pattern in ("../escape-%d.tar", ".hidden-%d.tar", "sub/x-%d.tar", "same.tar", "x-%d.zip"):
+        code, _, err = cli("create", folder, "other", "--pattern", pattern, cwd=work)
+        assert code == 1 and err.startswith("error: --pattern"), (pattern, err)
+    assert sorted(os.listdir(work)) == ["out"] and not (tmp_path / "escape-0.tar").exists()
+
+
+def test_s3_as_dest(folder, created, s3_env, s3_admin):
+    s3_admin.create_bucket(Bucket="made")
+    code, out, err = cli("create", folder, "s3://made/train", "--maxcount", 7, "--seed", 3, "--workers", 2)
+    assert code == 0, err
+    for name, data in tree(created).items():
+        assert s3_admin.get_object(Bucket="made", Key=f"train/{name}")["Body"].read() == data, name
+    samples = list(wds.WebDataset("s3://made/train/shard-{000000..000003}.tar", shardshuffle=False))
+    assert len(samples) == SAMPLES
+
+
+def test_verify_names_shard_member_and_offset(tmp_path):
+    good = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(good, "JPEG")
+    entries = [("s0.jpg", good.getvalue()), ("s0.txt", b"ok"), ("s1.jpg", good.getvalue()[:60]), ("s1.txt", b"cut"),
+               ("s2.jpg", good.getvalue())]
+    shard = tmp_path / "mixed.tar"
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(shard) as tar:
+        offsets = {m.name: m.offset for m in tar.getmembers()}
+    code, out, _ = cli("verify", shard, "--require", "jpg,txt")
+    assert code == 1
+    fails = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 2
+    assert "image does not decode" in fails[0] and f"member='s1.jpg', offset={offsets['s1.jpg']}" in fails[0]
+    assert "has no 'txt'" in fails[1] and f"member='s2.jpg', offset={offsets['s2.jpg']}" in fails[1]
+    assert str(shard) in fails[0]
+    assert json.loads(out.splitlines()[-1])["failed"] == 1
+    assert cli("verify", shard, "--no-decode", "--require", "jpg")[0] == 0
+
+
+def test_stats_ls_and_bench(created):
+    code, out, err = cli("stats", created, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["shards"], report["samples"], report["images"]) == (4, SAMPLES, SAMPLES)
+    assert report["fields"]["cls"]["count"] == SAMPLES and report["fields"]["png"]["count"] == 1
+    assert report["fields"]["jpg"]["count"] == SAMPLES - 1 and report["fields"]["txt"]["count"] == 1
+    assert sum(report["longer_side_histogram"].values()) == SAMPLES
+    assert report["samples_per_shard"] == {"min": SAMPLES - 21, "median": 7.0, "mean": SAMPLES / 4, "max": 7}
+    assert report["shard_samples"]["shard-000003.tar"] == SAMPLES - 21
+    code, out, _ = cli("stats", created)
+    assert code == 0 and "samples per shard" in out and "longer side" in out
+    code, out, _ = cli("ls", created, "-n", 3)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3 and lines[0].startswith("shard-000000.tar\t") and "cls:1" in lines[0]
+    code, out, err = cli("bench", created, "--decode", "--limit", 20)
+    assert code == 0, err
+    assert out.startswith("20 samples from 4 shards") and "verdict:" in out
+
+
+@pytest.mark.parametrize("command", ["create", "ls", "inspect", "stats", "verify", "index", "extract", "bench", "prepare"])
+def test_every_command_has_help_with_examples(command, capsys):
+    from shardstream.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "examples:" in out and "exit status" in out and f"shardstream {command}" in out
+
+
+def test_the_module_and_the_console_script_create_alike(folder, tmp_path):
+    script = os.path.join(os.path.dirname(sys.executable), "shardstream")
+    if not os.path.exists(script):
+        pytest.skip("the console script is not installed")
+    runs = []
+    for name, argv in (("module", [sys.executable, "-m", "shardstream"]), ("script", [script])):
+        done = subprocess.run([*argv, "create", str(folder), str(tmp_path / name), "--maxcount", "9", "--workers", "1"],
+                              capture_output=True, text=True, timeout=120)
+        runs.append((done.returncode, done.stdout.split(" in ")[0].replace(name, "X")))
+    assert runs[0] == runs[1] and runs[0][0] == 0
+    assert tree(tmp_path / "module") == tree(tmp_path / "script")
