@@ -100,10 +100,10 @@ def _add_create(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace shards and sizes.json already in DEST")
     p.add_argument("--rekey", action="store_true", help="number the samples (000000000, ...) instead of keeping keys")
     p.add_argument("--classes", default=None, help="ImageFolder: JSON list of class names, or {name: index}")
-    p.add_argument("--url-col", default=None, help="manifest column with image paths/URLs (default: url, path, image, ...)")
+    p.add_argument("--url-col", default=None, help="manifest column of image paths or URLs (default: url, path, ...)")
     p.add_argument("--caption-col", default=None, help="manifest column for txt (default: caption, text)")
     p.add_argument("--label-col", default=None, help="manifest column for cls (default: label, cls, class)")
-    p.add_argument("--key-col", default=None, help="manifest column with sample keys (default: key, else the row number)")
+    p.add_argument("--key-col", default=None, help="manifest column of sample keys (default: key, else the row number)")
     p.add_argument("--no-dali", action="store_true", help="no .dali.idx files")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "index", "write .idx (offsets), .dali.idx (DALI v1.2) and sizes.json (counts)", "index", "cmd_index")
     p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
-    p.add_argument("--out", default=None, help="write every index file here (directory or URL) instead of beside the shards")
+    p.add_argument("--out", default=None, help="write the index files here (directory or URL), not beside the shards")
     p.add_argument("--sizes", default=None, help="path of sizes.json (default: beside the shards, or in --out)")
     p.add_argument("--no-idx", action="store_true", help="only write sizes.json")
     p.add_argument("--no-dali", action="store_true", help="no .dali.idx files")
@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("dest")
 
-    p = _add(sub, "bench", "stream shards through the loader; throughput, per-stage stats, verdict", "bench", "cmd_bench")
+    p = _add(sub, "bench", "stream shards through the loader: throughput, per-stage stats, verdict", "bench",
+             "cmd_bench")
     p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
     p.add_argument("--decode", nargs="?", const="rgb8", default=None,
                    help="decode images (a decode spec; default rgb8: numpy uint8 HWC)")

@@ -7,7 +7,8 @@ import sys
 from typing import Any, List, Optional
 
 from .._open import local_path_of
-from .._prep._sources import IMAGE_SUFFIXES, shard_files
+from .._prep._options import SHARD_SUFFIXES
+from .._prep._rows import IMAGE_SUFFIXES
 from .._redact import redact
 from .._urls import expand_urls
 
@@ -18,9 +19,9 @@ def shard_urls(spec: str) -> List[str]:
     """The shards of a spec (braces, `::`), or the shards in a local directory (e.g. a `create` DEST)."""
     path = local_path_of(spec)
     if path is not None and os.path.isdir(path):
-        found = shard_files(path)
-        if found:
-            return found
+        names = sorted(n for n in os.listdir(path) if n.lower().endswith(SHARD_SUFFIXES) and not n.startswith("."))
+        if names:
+            return [os.path.join(path, n) for n in names]
     return expand_urls(spec)
 
 

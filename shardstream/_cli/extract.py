@@ -26,7 +26,8 @@ def cmd_extract(args) -> int:
     count = 0
     for name, data, offset in iter_members(open_origin(args.url), args.url):
         if "\0" in name:
-            raise UsageError("member name holds a NUL byte", url=args.url, member=name.replace("\0", "\\0"), offset=offset)
+            shown = name.replace("\0", "\\0")
+            raise UsageError("member name holds a NUL byte", url=args.url, member=shown, offset=offset)
         target = safe_target(args.dest, name)
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)

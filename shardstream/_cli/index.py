@@ -31,7 +31,8 @@ def merge_sizes(dest: Destination, name: str, counts: Dict[str, int]) -> None:
 
 def _sizes_target(args, urls: List[str], paths: List[Optional[str]]) -> Tuple[Destination, str]:
     if args.sizes:
-        directory, name = os.path.split(args.sizes.rstrip("/")) if "://" not in args.sizes else args.sizes.rsplit("/", 1)
+        split = args.sizes.rsplit("/", 1) if "://" in args.sizes else os.path.split(args.sizes.rstrip("/"))
+        directory, name = split
         return Destination(directory or "."), name
     if args.out:
         return Destination(args.out), "sizes.json"
@@ -65,7 +66,9 @@ def cmd_index(args) -> int:
             progress.update()
             name = shard_name(url)  # never a query string (signed URLs)
             counts[name] = summary.count
-            target = out if out is not None else (Destination(os.path.dirname(path) or ".") if path is not None else None)
+            target = out
+            if target is None and path is not None:
+                target = Destination(os.path.dirname(path) or ".")
             note = ""
             if write_idx and target is not None:
                 target.write_bytes(name + ".idx", idx_text(summary.samples).encode("utf-8", "surrogateescape"))
@@ -77,7 +80,7 @@ def cmd_index(args) -> int:
                 skipped_remote += 1
             say(f"{url}: {summary.count} samples{note}")
     if skipped_remote:
-        say(f"{skipped_remote} remote shards got no .idx (they go beside local shards only): --out DIR writes them anywhere")
+        say(f"{skipped_remote} remote shards got no .idx (they go beside local shards only): --out DIR writes them")
     sizes_dest.prepare()
     merge_sizes(sizes_dest, sizes_name, counts)
     say(f"wrote {sizes_dest.where(sizes_name)}")

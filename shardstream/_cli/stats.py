@@ -93,7 +93,8 @@ def _collect(urls: List[str], threads: int, images: bool, quiet: bool) -> Dict[s
 def _spread(values: List[int]) -> Dict[str, Any]:
     if not values:
         return {}
-    return {"min": min(values), "median": statistics.median(values), "mean": round(statistics.fmean(values), 2), "max": max(values)}
+    mean = round(statistics.fmean(values), 2)
+    return {"min": min(values), "median": statistics.median(values), "mean": mean, "max": max(values)}
 
 
 def _text(report: Dict[str, Any]) -> List[str]:
@@ -106,7 +107,8 @@ def _text(report: Dict[str, Any]) -> List[str]:
         lines.append("samples per shard: " + "  ".join(f"{k} {v}" for k, v in spread.items()))
     lines.append(f"{'field':<16}{'count':>10}{'bytes':>14}{'avg bytes':>12}")
     for field, entry in report["fields"].items():
-        lines.append(f"{field:<16}{entry['count']:>10}{entry['bytes']:>14}{entry['bytes'] // max(1, entry['count']):>12}")
+        average = entry["bytes"] // max(1, entry["count"])
+        lines.append(f"{field:<16}{entry['count']:>10}{entry['bytes']:>14}{average:>12}")
     if report["images"]:
         lines.append(f"images {report['images']} (unreadable {report['unreadable_images']}); longer side:")
         peak = max(report["longer_side_histogram"].values())

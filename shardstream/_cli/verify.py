@@ -28,7 +28,8 @@ def parse_require(text: Optional[str]) -> List[Tuple[str, ...]]:
     """"jpg;png,txt" -> [("jpg", "png"), ("txt",)]: each group needs one of its fields."""
     if not text:
         return []
-    return [tuple(f.strip().lower() for f in group.split(";") if f.strip()) for group in text.split(",") if group.strip()]
+    groups = [group for group in text.split(",") if group.strip()]
+    return [tuple(f.strip().lower() for f in group.split(";") if f.strip()) for group in groups]
 
 
 def _decode(data: bytes) -> None:
@@ -53,7 +54,9 @@ def _locate(url: str, problems: Sequence[Problem]) -> Dict[Tuple[str, Optional[s
     return found
 
 
-def verify_shard(url: str, require: Sequence[Tuple[str, ...]] = (), decode: bool = True) -> Tuple[Dict[str, Any], List[str]]:
+def verify_shard(
+    url: str, require: Sequence[Tuple[str, ...]] = (), decode: bool = True
+) -> Tuple[Dict[str, Any], List[str]]:
     """(summary, problems as printable lines); raises ShardStreamError for a shard the loader fails."""
     summary: Dict[str, Any] = {"samples": 0, "members": 0, "bytes": 0, "images": 0, "fields": {}}
     problems: List[Problem] = []
@@ -116,6 +119,7 @@ def cmd_verify(args) -> int:
             for key in ("samples", "members", "bytes", "images"):
                 totals[key] += summary[key]
             if args.verbose and not problems:
-                say(f"ok   {url}: {summary['samples']} samples, {summary['members']} members, fields {summary['fields']}")
+                say(f"ok   {url}: {summary['samples']} samples, {summary['members']} members, "
+                    f"fields {summary['fields']}")
     say(json.dumps({**totals, "failed": failed}))
     return 1 if failed else 0

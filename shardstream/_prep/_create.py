@@ -47,7 +47,8 @@ class CreateSummary:
         return {
             "dest": self.dest, "engine": self.engine, "workers": self.workers, "shards": self.shards,
             "samples": self.samples, "file_bytes": self.file_bytes, "payload_bytes": self.payload_bytes,
-            "list_s": round(self.list_s, 3), "engine_start_s": round(self.engine_start_s, 3), "write_s": round(self.write_s, 3),
+            "list_s": round(self.list_s, 3), "engine_start_s": round(self.engine_start_s, 3),
+            "write_s": round(self.write_s, 3),
             "samples_per_s": round(self.samples_per_s, 1), "failures": self.failures, "notes": self.notes,
         }
 
@@ -75,12 +76,16 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
         taken = [task.name for task in mine if dest.exists(task.name)]
         taken += [name for name in ("sizes.json",) if writes_sizes and dest.exists(name)]
         if taken:
-            raise UsageError(f"DEST already holds {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}: --overwrite replaces them")
+            more = " ..." if len(taken) > 3 else ""
+            raise UsageError(f"DEST already holds {', '.join(taken[:3])}{more}: --overwrite replaces them")
     workers = opts.workers or max(1, min(os.cpu_count() or 1, len(mine)))
-    ctx = WriteContext(dest, tuple(listing.shard_urls), opts.reencode, opts.threads, opts.skip_errors, opts.mtime or 0, opts.dali_index)
+    ctx = WriteContext(
+        dest, tuple(listing.shard_urls), opts.reencode, opts.threads, opts.skip_errors, opts.mtime or 0, opts.dali_index
+    )
     summary = CreateSummary(dest.url, opts.engine, workers, list_s=time.perf_counter() - started)
     results: List[ShardResult] = []
-    bar = tqdm(total=sum(len(t.rows) for t in mine), unit="sample", desc="shardstream create", disable=None if opts.progress else True)
+    total = sum(len(t.rows) for t in mine)
+    bar = tqdm(total=total, unit="sample", desc="shardstream create", disable=None if opts.progress else True)
 
     def on_result(result: ShardResult) -> None:
         results.append(result)

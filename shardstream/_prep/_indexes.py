@@ -36,7 +36,8 @@ def idx_text(samples: Sequence[Tuple[int, str]]) -> str:
 
 def dali_text(samples: Sequence[Sequence[DaliMember]]) -> str:
     lines = [f"{DALI_VERSION} {len(samples)}\n"]
-    lines.extend(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in sample) + "\n" for sample in samples)
+    for sample in samples:
+        lines.append(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in sample) + "\n")
     return "".join(lines)
 
 
@@ -110,7 +111,9 @@ class _Window:
             self.base = offset
 
 
-def scan_indexes(url: str, chunks: Iterable[bytes], dali: bool = True) -> Tuple[ShardSummary, Optional[List[List[DaliMember]]], str]:
+def scan_indexes(
+    url: str, chunks: Iterable[bytes], dali: bool = True
+) -> Tuple[ShardSummary, Optional[List[List[DaliMember]]], str]:
     """Read a whole shard with the loader's tar reader: its summary (samples, offsets, fields)
     and, if asked and possible, its DALI samples; the third item says why there are none."""
     window = _Window(chunks)

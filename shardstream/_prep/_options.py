@@ -84,7 +84,7 @@ class CreateOptions:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise UsageError(f"--rank must be in [0, --world-size); got rank {self.rank} of {self.world_size}")
         if self.world_size > 1 and self.engine == "ray":
-            raise UsageError("--rank/--world-size partition by hand; the Ray engine partitions itself: use one or the other")
+            raise UsageError("--rank/--world-size partition by hand, the Ray engine partitions itself: not both")
         if self.world_size > 1 and self.skip_errors:
             raise UsageError(
                 "--skip-errors with --world-size > 1: rank 0 writes sizes.json from the planned counts, which "

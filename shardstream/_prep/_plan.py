@@ -8,7 +8,7 @@ import hashlib
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from .._errors import UsageError
-from ._sources import Row
+from ._rows import Row
 
 __all__ = ["ShardTask", "plan_shards", "rank_slice", "seeded_order"]
 

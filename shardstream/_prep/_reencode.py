@@ -9,7 +9,7 @@ import io
 from typing import Dict, Optional
 
 from ._options import Reencode
-from ._sources import IMAGE_SUFFIXES
+from ._rows import IMAGE_SUFFIXES
 
 __all__ = ["reencode_fields", "reencode_image"]
 

@@ -25,7 +25,7 @@ from ._indexes import DaliMember, dali_split, dali_text, idx_text
 from ._options import Reencode
 from ._plan import ShardTask
 from ._reencode import reencode_fields
-from ._sources import Ref, Row
+from ._rows import Ref, Row
 
 __all__ = ["ShardResult", "WriteContext", "write_shard"]
 
@@ -166,7 +166,9 @@ def _write_samples(
             failures.append(error)
             continue
         if key == previous:
-            raise ShardStreamError(f"shard {task.name}: sample key {key!r} twice in a row; readers would merge the two: use --rekey")
+            raise ShardStreamError(
+                f"shard {task.name}: sample key {key!r} twice in a row; readers would merge the two: use --rekey"
+            )
         previous = key
         samples.append((tar.offset, key))
         members: List[DaliMember] = []
@@ -176,7 +178,8 @@ def _write_samples(
             data = fields[ext]
             writer.write({"__key__": key, ext: data})
             name = f"{key}.{ext}"
-            members.append((dali_split(name)[1], tar.offset - (len(data) + _BLOCK - 1) // _BLOCK * _BLOCK, len(data), name))
+            data_offset = tar.offset - (len(data) + _BLOCK - 1) // _BLOCK * _BLOCK  # the end, less the padded payload
+            members.append((dali_split(name)[1], data_offset, len(data), name))
             payload += len(data)
         dali.append(members)
     if not samples:
