@@ -288,7 +288,7 @@ def test_nothing_is_written_outside_dest(folder, tmp_path):
     assert sorted(os.listdir(work)) == ["out"] and not (tmp_path / "escape-0.tar").exists()
 
 
-def test_s3_as_dest(folder, created, s3_env, s3_admin):
+def test_s3_as_dest(folder, created, s3_env, s3_admin, tmp_path):
     s3_admin.create_bucket(Bucket="made")
     code, out, err = cli("create", folder, "s3://made/train", "--maxcount", 7, "--seed", 3, "--workers", 2)
     assert code == 0, err
@@ -296,6 +296,11 @@ def test_s3_as_dest(folder, created, s3_env, s3_admin):
         assert s3_admin.get_object(Bucket="made", Key=f"train/{name}")["Body"].read() == data, name
     samples = list(wds.WebDataset("s3://made/train/shard-{000000..000003}.tar", shardshuffle=False))
     assert len(samples) == SAMPLES
+    manifest = _manifest(tmp_path / "bad.csv", [["images/cat/img1.jpg", "", 0, ""], ["missing.jpg", "", 0, ""]])
+    os.symlink(folder, tmp_path / "images")
+    code, _, err = cli("create", manifest, "s3://made/failed", "--workers", 1)
+    assert code == 1 and "missing.jpg" in err
+    assert s3_admin.list_objects_v2(Bucket="made", Prefix="failed/").get("KeyCount", 0) == 0  # discarded, not committed
 
 
 def test_verify_names_shard_member_and_offset(tmp_path):
