@@ -303,6 +303,23 @@ def test_s3_as_dest(folder, created, s3_env, s3_admin, tmp_path):
     assert s3_admin.list_objects_v2(Bucket="made", Prefix="failed/").get("KeyCount", 0) == 0  # discarded, not committed
 
 
+def test_index_of_remote_shards_into_out(created, tmp_path):
+    from shardserver import ShardServer
+
+    with ShardServer(str(created)) as served:
+        served.options.require_token = TOKEN
+        spec = served.url("shard-{000000..000003}.tar", token=TOKEN).replace("%7B", "{").replace("%7D", "}")
+        code, out, err = cli("index", spec, cwd=tmp_path)
+        assert code == 1 and "--out" in err and not os.listdir(tmp_path)
+        code, out, err = cli("index", spec, "--out", tmp_path / "idx", cwd=tmp_path)
+    assert code == 0, err
+    assert TOKEN not in out + err and "token=***" in out
+    written = tree(tmp_path / "idx")
+    assert sorted(written) == sorted(n for n in tree(created) if n.endswith(".idx") or n == "sizes.json")
+    for name, data in written.items():
+        assert data == (created / name).read_bytes(), name
+
+
 def test_verify_names_shard_member_and_offset(tmp_path):
     good = io.BytesIO()
     Image.new("RGB", (8, 8)).save(good, "JPEG")
