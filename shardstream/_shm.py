@@ -2,10 +2,14 @@
 
 The sender pickles an object (a batch: any nesting of tuples, lists, dicts, namedtuples,
 dataclasses, ...) with a pickler whose `persistent_id` takes every numpy array and CPU tensor
-out of the pickle: their bytes go into one `multiprocessing.shared_memory` segment, at aligned
-offsets, and the pickle keeps only (offset, dtype, shape). The receiver maps the segment,
-unlinks its name at once (the memory lives as long as a mapping does) and unpickles with
-`persistent_load` building numpy arrays and tensors over the mapping: no copy on that side.
+out of the pickle: their bytes go into one POSIX shared-memory segment, at aligned offsets, and
+the pickle keeps only (offset, dtype, shape). The receiver maps the segment, unlinks its name at
+once (the memory lives as long as a mapping does) and unpickles with `persistent_load` building
+numpy arrays and tensors over the mapping: no copy on that side. On Linux both sides use the
+segment's file in /dev/shm directly: the receiver maps it (multiprocessing.shared_memory offers no
+mapping that outlives its object), and the sender pre-allocates it, so a full /dev/shm is an
+error and not a SIGBUS at the first write. Elsewhere `multiprocessing.shared_memory` makes the
+segment and the receiver copies out of it once.
 
 Tensors go the same way as arrays, not through torch's own reductions: those pass a file
 descriptor per tensor through a connection the *sender* serves, so every receive waits for the
@@ -27,7 +31,7 @@ import sys
 from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -83,14 +87,31 @@ class _Pickler(ForkingPickler):
         return pid
 
 
-def _create(name: str, size: int) -> SharedMemory:
+def _create(name: str, size: int) -> Tuple[Any, Callable[[], None]]:
+    """A new segment of `size` bytes to write into, and how to let go of it."""
+    if os.path.isdir(_DEV_SHM):
+        path = os.path.join(_DEV_SHM, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)  # a full /dev/shm says so here, not with SIGBUS at a write
+            except OSError as exn:
+                os.unlink(path)
+                raise OSError(
+                    exn.errno, f"{_DEV_SHM} cannot hold a batch of {size} bytes ({exn.strerror}): give it more room "
+                    "(docker run --shm-size=...) or make SubprocessLoader's buffer smaller"
+                ) from None
+            memory = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return memory, memory.close
     try:
-        return SharedMemory(name, create=True, size=size, track=False)  # type: ignore[call-arg]  # 3.13+
+        shm = SharedMemory(name, create=True, size=size, track=False)  # type: ignore[call-arg]  # 3.13+
     except TypeError:
         shm = SharedMemory(name, create=True, size=size)
         # The receiver (or our own cleanup) unlinks it; the resource tracker must not.
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        return shm
+    return shm.buf, shm.close
 
 
 class SegmentWriter:
@@ -111,16 +132,20 @@ class SegmentWriter:
             return Encoded((None, 0, buffer.getvalue()))
         name = f"{self.prefix}{self.sequence}"
         self.sequence += 1
-        shm = _create(name, pickler.size)
+        memory, release = _create(name, pickler.size)
         try:
             for offset, leaf in leaves:
-                _write(shm.buf, offset, leaf)
+                _write(memory, offset, leaf)
         finally:
-            shm.close()
+            del memory
+            try:
+                release()
+            except BufferError:  # a view still held (an exception's frames): unmapped when collected
+                pass
         return Encoded((name, pickler.size, buffer.getvalue()))
 
 
-def _write(buf: memoryview, offset: int, leaf: Any) -> None:
+def _write(buf: Any, offset: int, leaf: Any) -> None:
     if isinstance(leaf, np.ndarray):
         np.copyto(np.ndarray(leaf.shape, leaf.dtype, buffer=buf, offset=offset), leaf, casting="no")
         return

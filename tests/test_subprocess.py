@@ -249,3 +249,19 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_full_shared_memory_is_an_error_not_a_sigbus(monkeypatch):
+    """A /dev/shm too small for a batch (docker's default is 64 MB) fails when the segment is
+    made, with what to do, instead of killing the helper with SIGBUS at the first write."""
+    from shardstream import _shm
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    writer = _shm.SegmentWriter(f"shardstream-{os.getpid()}-full-")
+    with pytest.raises(OSError, match="shm-size"):
+        writer.encode({"x": np.zeros(1 << 20, np.uint8)})
+    assert _segments() == []
+    assert _shm.decode(writer.encode(("no arrays", 1))) == ("no arrays", 1)
