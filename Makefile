@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/resume.py
 	$(PY) benchmarks/contention.py
+	$(PY) benchmarks/media.py
 
 clean:
 	rm -rf $(VENV) $(CLIP_VENV) demo-data benchmarks/out
