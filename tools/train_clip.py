@@ -1,9 +1,10 @@
 """Train a small CLIP on image-caption shards with shardstream: the script to copy for a real run.
 
     python tools/make_clip_shards.py demo-data/clip --train 10000 --eval 500
-    torchrun --nproc_per_node=2 --master_addr=127.0.0.1 --master_port=29511 tools/train_clip.py \\
-        --train-data "demo-data/clip/train-{000000..000009}.tar" --val-data demo-data/clip/eval-000000.tar \\
-        --epochs 6 --batch-size 128 --output-dir tools/out/clip
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node=2 --master_addr=127.0.0.1 --master_port=29511 \\
+        tools/train_clip.py --train-data "demo-data/clip/train-{000000..000009}.tar" \\
+        --val-data demo-data/clip/eval-000000.tar --output-dir demo-data/clip-run
+    # interrupted? the same command with --resume latest, on any number of ranks
 
 The data path is OpenCLIP's (open_clip_train/data.py, get_wds_dataset), written with shardstream:
 
@@ -288,18 +289,17 @@ def plot_losses(records: list, path: str) -> None:
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "image_to_text_top1" in r]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["samples_seen"] for r in steps], [r["loss"] for r in steps], lw=1, label="training loss")
+    lines = ax.plot([r["samples_seen"] for r in steps], [r["loss"] for r in steps], lw=1, label="training loss")
     ax.set_xlabel("samples seen (all ranks)")
     ax.set_ylabel("contrastive loss")
     if evals:
         right = ax.twinx()
         for key, style in (("image_to_text_top1", "o-"), ("text_to_image_top1", "s--")):
-            right.plot([r["samples_seen"] for r in evals], [r[key] for r in evals], style, color="tab:red",
-                       label=key.replace("_", " "))
-        right.set_ylabel(f"held-out retrieval top-1 (N={evals[-1]['n']})")
+            lines += right.plot([r["samples_seen"] for r in evals], [r[key] for r in evals], style, color="tab:red",
+                                label=f"{key.replace('_', ' ').replace('top1', 'top-1')} (held out)")
+        right.set_ylabel(f"retrieval top-1 among N={evals[-1]['n']} (chance {1 / evals[-1]['n']:.1%})")
         right.set_ylim(0, 1)
-        right.legend(loc="center right")
-    ax.legend(loc="upper right")
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper center")
     ax.set_title("tools/train_clip.py")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -321,9 +321,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache-dir", default=None, help="keep remote shards on local disk")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--subprocess-loader", action="store_true", help="the pipeline in one helper process per rank")
-    p.add_argument("--batch-size", type=int, default=64, help="per rank")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=128, help="per rank")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=float, default=0.05, help="fraction of training")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--image-size", type=int, default=32)
