@@ -17,7 +17,7 @@ from typing import Any, Optional, Tuple, Type
 from ._errors import FormatError
 from ._gzip import GZIP_MAGIC, GzipInflater
 
-__all__ = ["MAGIC_BYTES", "Bz2Inflater", "XzInflater", "sniff"]
+__all__ = ["Bz2Inflater", "MAGIC_BYTES", "XzInflater", "sniff"]
 
 # bzip2: "BZh", the block size digit, then the first block's magic (pi) or the end-of-stream
 # magic (sqrt(pi)) of an empty stream: ten bytes no tar header starts with.
