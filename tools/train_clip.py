@@ -28,7 +28,7 @@ the samples seen so far and every rank's loader state (wds.gather_states): --res
 the epoch exactly where it stopped, on the same or another number of ranks and workers. The
 log says samples/s, step time and the fraction of step time spent waiting for data; at the end
 of each epoch, rank 0 measures zero-shot retrieval (image->text and text->image, top-1 and
-top-5) on the held-out shard. The models are deliberately tiny (a 4-layer CNN and a 1-layer
+top-5) on the held-out shard. The models are deliberately tiny (a 3-layer CNN and a 1-layer
 transformer over hashed words) so that this runs on a laptop CPU: swap in open_clip's models
 and tokenizer for a real run; the data path stays the same.
 """
@@ -93,7 +93,7 @@ def source_sizes(spec: str) -> list:
     """Sample count per `::` source, from the sizes.json beside its shards (None where unknown)."""
     counts = []
     for part in spec.split("::"):
-        urls = wds.shardlists.expand_urls(part)
+        urls = [url.split("?", 1)[0] for url in wds.shardlists.expand_urls(part)]  # (signed URLs)
         try:
             with wds.gopen(os.path.join(os.path.dirname(urls[0]), "sizes.json")) as stream:
                 sizes = json.load(stream)
@@ -249,11 +249,11 @@ def clip_loss(image_features, text_features, logit_scale, rank: int, world_size:
 @torch.no_grad()
 def retrieval_metrics(model: TinyClip, images, tokens, batch: int = 256) -> dict:
     """Zero-shot retrieval on the held-out pairs: is the true caption (image) among the top k?"""
-    was_training = model.training
+    was_training, device = model.training, model.logit_scale.device
     model.eval()
-    a = torch.cat([model(images[i:i + batch], tokens[i:i + batch])[0] for i in range(0, len(images), batch)])
-    b = torch.cat([model(images[i:i + batch], tokens[i:i + batch])[1] for i in range(0, len(images), batch)])
+    pairs = [model(images[i:i + batch].to(device), tokens[i:i + batch].to(device)) for i in range(0, len(images), batch)]
     model.train(was_training)
+    a, b = torch.cat([p[0] for p in pairs]).cpu(), torch.cat([p[1] for p in pairs]).cpu()
     similarity = a @ b.t()
     truth = torch.arange(len(a))
     metrics = {"n": len(a), "chance_top1": round(1 / len(a), 4)}
@@ -265,7 +265,7 @@ def retrieval_metrics(model: TinyClip, images, tokens, batch: int = 256) -> dict
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints, logs
+# Learning rate, loss plot
 # ---------------------------------------------------------------------------------------------
 
 
@@ -421,7 +421,7 @@ class Trainer:
         if self.epoch_limit is not None and self.seen >= self.epoch_limit:
             batch = None
         if self.distributed:
-            more = torch.tensor([batch is not None], dtype=torch.int32)
+            more = torch.tensor([batch is not None], dtype=torch.int32, device=self.device)  # (nccl: on the GPU)
             dist.all_reduce(more, op=dist.ReduceOp.MIN)
             return batch if more.item() else None
         return batch
