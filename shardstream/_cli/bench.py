@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from .._counts import cheap_counts
 from ._common import bar, say, shard_urls
@@ -16,7 +17,7 @@ def cmd_bench(args) -> int:
     from ..compat import WebDataset
 
     urls = shard_urls(args.urls)
-    dataset = WebDataset(urls, shardshuffle=False, empty_check=False)
+    dataset: Any = WebDataset(urls, shardshuffle=False, empty_check=False)
     if args.decode:
         dataset = dataset.decode(args.decode)
     if args.threads:

@@ -84,8 +84,9 @@ def verify_shard(
     lines = []
     if problems:
         where = _locate(url, problems[:SHOWN_PER_SHARD])
-        for message, key, field in problems[:SHOWN_PER_SHARD]:
-            member, offset = where.get((key, field), where.get((key, None), (None, None)))
+        for message, key, wanted in problems[:SHOWN_PER_SHARD]:
+            found: Tuple[Optional[str], Optional[int]] = where.get((key, wanted), where.get((key, None), (None, None)))
+            member, offset = found
             lines.append(str(FormatError(message, url=url, member=member, offset=offset)))
         if len(problems) > SHOWN_PER_SHARD:
             lines.append(f"... and {len(problems) - SHOWN_PER_SHARD} more problems in {url}")

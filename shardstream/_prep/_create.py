@@ -89,7 +89,7 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
 
     def on_result(result: ShardResult) -> None:
         results.append(result)
-        bar.update(result.count + len(result.failures))
+        bar.update(result.samples + len(result.failures))
 
     write_started = time.perf_counter()
 
@@ -106,9 +106,9 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
             run_local(mine, ctx, workers, on_result)
     finally:
         bar.close()
-    results.sort(key=lambda r: r.index)
+    results.sort(key=lambda r: r.number)
     if opts.world_size == 1:
-        dest.write_bytes("sizes.json", _json_bytes({r.name: r.count for r in results}))
+        dest.write_bytes("sizes.json", _json_bytes({r.name: r.samples for r in results}))
     elif writes_sizes:  # the plan's counts: exact, since --skip-errors is refused here
         dest.write_bytes("sizes.json", _json_bytes({t.name: len(t.rows) for t in tasks}))
     if listing.classes is not None and writes_sizes:
@@ -116,7 +116,7 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
     summary.write_s = time.perf_counter() - write_started
     for result in results:
         summary.shards += 1
-        summary.samples += result.count
+        summary.samples += result.samples
         summary.file_bytes += result.file_bytes
         summary.payload_bytes += result.payload_bytes
         summary.failures.extend(result.failures)

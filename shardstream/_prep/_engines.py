@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import pickle
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from .._errors import ShardStreamError, UsageError
 from .._redact import redact
@@ -70,7 +70,7 @@ def run_ray(
         raise UsageError("--engine ray needs Ray: pip install 'shardstream[ray]'") from None
     started = False
     if not ray.is_initialized():
-        quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+        quiet: Dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
         if address:
             ray.init(address=address, **quiet)
         else:

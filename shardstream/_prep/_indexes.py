@@ -22,7 +22,7 @@ from .._index import ShardSummary, summarize
 from .._members import iter_members
 from .._tar import TarMember
 
-__all__ = ["DaliMember", "dali_text", "idx_text", "read_dali_index", "scan_indexes"]
+__all__ = ["DaliMember", "dali_split", "dali_text", "idx_text", "read_dali_index", "scan_indexes"]
 
 DALI_VERSION = "v1.2"
 DaliMember = Tuple[str, int, int, str]  # (ext, data offset, size, member name)

@@ -16,7 +16,7 @@ __all__ = ["ShardTask", "plan_shards", "rank_slice", "seeded_order"]
 class ShardTask(NamedTuple):
     """One shard to write: its number, file name and samples in order."""
 
-    index: int
+    number: int
     name: str
     rows: Tuple[Row, ...]
 
@@ -43,7 +43,7 @@ def plan_shards(
     size = 0
 
     def close() -> None:
-        chunk = sorted(current, key=lambda r: r.origin) if current[0].origin is not None else current
+        chunk = sorted(current, key=lambda r: r.origin or (0, 0)) if current[0].origin is not None else current
         tasks.append(ShardTask(len(tasks), pattern % len(tasks), tuple(chunk)))
 
     for i in order:

@@ -19,16 +19,16 @@ def reencode_image(data: bytes, settings: Reencode) -> Optional[bytes]:
     downscaling was asked for). Raises what Pillow raises for bytes that are no image."""
     from PIL import Image, ImageOps
 
-    with Image.open(io.BytesIO(data)) as image:
+    with Image.open(io.BytesIO(data)) as opened:
         side = settings.max_side
-        too_big = side is not None and max(image.size) > side
+        too_big = side is not None and max(opened.size) > side
         if not too_big and not settings.all_images:
             return None
-        if too_big:
-            image.thumbnail((side, side), Image.Resampling.BICUBIC)  # JPEG: decodes at a reduced scale first
+        if side is not None and too_big:
+            opened.thumbnail((side, side), Image.Resampling.BICUBIC)  # JPEG: decodes at a reduced scale first
         else:
-            image.load()
-        image = ImageOps.exif_transpose(image)
+            opened.load()
+        image: "Image.Image" = ImageOps.exif_transpose(opened)
         if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
             rgba = image.convert("RGBA")
             image = Image.new("RGB", rgba.size, (255, 255, 255))

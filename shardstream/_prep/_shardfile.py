@@ -46,9 +46,11 @@ class WriteContext:
 
 
 class ShardResult(NamedTuple):
-    index: int
+    """What writing one shard did (`failures`: samples left out; `notes`: e.g. no DALI index)."""
+
+    number: int
     name: str
-    count: int
+    samples: int
     file_bytes: int
     payload_bytes: int
     failures: Tuple[str, ...]
@@ -216,4 +218,4 @@ def write_shard(task: ShardTask, ctx: WriteContext) -> ShardResult:
             notes.append(f"{task.name}: no .dali.idx (a member name holds whitespace)")
         else:
             ctx.dest.write_bytes(task.name + ".dali.idx", dali_text(dali).encode("utf-8", "surrogateescape"))
-    return ShardResult(task.index, task.name, len(samples), counting.written, payload, tuple(failures), tuple(notes))
+    return ShardResult(task.number, task.name, len(samples), counting.written, payload, tuple(failures), tuple(notes))

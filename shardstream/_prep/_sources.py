@@ -102,13 +102,13 @@ def list_folder(root: str, *, labels: bool, classes_file: Optional[str] = None, 
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, root).replace(os.sep, "/")
             if labels:
-                stem, ext = os.path.splitext(rel)
-                key, ext = safe_key(stem), _field_ext(ext[1:], True)
+                stem, suffix = os.path.splitext(rel)
+                key, ext = safe_key(stem), _field_ext(suffix[1:], True)
             else:
-                key, ext = base_plus_ext(rel)
-                if key is None:
+                base, extension = base_plus_ext(rel)
+                if base is None or extension is None:
                     continue
-                key, ext = re.sub(r"\s", "_", key), _field_ext(ext, False)
+                key, ext = re.sub(r"\s", "_", base), _field_ext(extension, False)
             if not ext:
                 continue
             fields = groups.setdefault(key, {})
@@ -157,15 +157,15 @@ def list_shards(source: str, need_sizes: bool = False, progress: bool = False) -
     urls = shard_files(directory) if directory is not None else expand_urls(source)
     if not urls:
         raise UsageError(f"no shards in {redact(source)}")
+    sizes: List[List[int]] = []
     if need_sizes:
         sizes = [_payload_sizes(url) for url in urls]
         counts = [len(s) for s in sizes]
     else:
-        counts = cheap_counts(urls)
-        unknown = [url for url, count in zip(urls, counts) if count is None]
-        if unknown:
-            found = dict(zip(unknown, read_counts(unknown, TarShardSamples().batches, threads=8, progress=progress)))
-            counts = [found.get(url, count) for url, count in zip(urls, counts)]
+        known = cheap_counts(urls)
+        unknown = [url for url, count in zip(urls, known) if count is None]
+        found = dict(zip(unknown, read_counts(unknown, TarShardSamples().batches, threads=8, progress=progress)))
+        counts = [found[url] if count is None else count for url, count in zip(urls, known)]
     rows = [
         Row(None, (), sizes[s][i] if need_sizes else None, (s, i))
         for s, count in enumerate(counts)
