@@ -273,6 +273,7 @@ def main() -> int:
     directory = args.corpus_dir or directory
     urls = [str(u) for u in corpus.ensure_corpus(spec, directory)]
     steps = [float(s) for s in args.step_ms.split(",")]
+    load_before = os.getloadavg()[0]  # other processes on the machine: the figures' noise
     iterations = {s: calibrate(s) for s in steps}
     tokenize_iterations = calibrate(TOKENIZE_MS)
     rows = []
@@ -287,7 +288,7 @@ def main() -> int:
                     rows.append(row)
                     done = row.get("error") or f"{row['samples'] / row['wall_s']:,.0f} samples/s"
                     print(f"  {workload} {config} step {s:g} ms: {done}", file=sys.stderr, flush=True)
-    title = header(spec, urls, args.batch)
+    title = header(spec, urls, args.batch) + f" | load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
     print(title)
     print(table(rows, args.batch))
     out = args.out
