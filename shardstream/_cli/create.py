@@ -20,7 +20,7 @@ def _report(summary: CreateSummary, as_json: bool) -> None:
     say(
         f"wrote {summary.samples} samples in {summary.shards} shards to {summary.dest} "
         f"({summary.file_bytes / 1e6:.1f} MB) in {summary.write_s:.2f} s: {summary.samples_per_s:.0f} samples/s "
-        f"({summary.engine} engine, {summary.workers} workers)"
+        f"({summary.engine} engine, {summary.workers} worker{'' if summary.workers == 1 else 's'})"
     )
     for label, lines in (("left out", summary.failures), ("note", summary.notes)):
         for line in lines[:SHOWN]:
