@@ -17,10 +17,11 @@ def _report(summary: CreateSummary, as_json: bool) -> None:
     if as_json:
         say(json.dumps(summary.as_dict()))
         return
+    shards = f"{summary.shards} shard{'' if summary.shards == 1 else 's'}"
+    workers = f"{summary.workers} worker{'' if summary.workers == 1 else 's'}"
     say(
-        f"wrote {summary.samples} samples in {summary.shards} shards to {summary.dest} "
-        f"({summary.file_bytes / 1e6:.1f} MB) in {summary.write_s:.2f} s: {summary.samples_per_s:.0f} samples/s "
-        f"({summary.engine} engine, {summary.workers} worker{'' if summary.workers == 1 else 's'})"
+        f"wrote {summary.samples} samples in {shards} to {summary.dest} ({summary.file_bytes / 1e6:.1f} MB) "
+        f"in {summary.write_s:.2f} s: {summary.samples_per_s:.0f} samples/s ({summary.engine} engine, {workers})"
     )
     for label, lines in (("left out", summary.failures), ("note", summary.notes)):
         for line in lines[:SHOWN]:
