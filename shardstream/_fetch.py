@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Callable, Dict, Optional, Union
 from ._errors import FetchError, ShardStreamError, UsageError
 from ._loop import get_loop, run_coroutine
 from ._open import open_url
+from ._parts import Demand, demand, parallel_stream
 
 __all__ = [
     "ChunkStream",
@@ -52,13 +53,16 @@ class FetchOptions:
             [0, min(backoff_max, backoff_base * 2 ** (failures - 1))] ("full jitter").
         chunk_size: the largest chunk handed on (a target: the network decides how much is there).
         prefetch_bytes: bytes an open stream buffers ahead of its consumer.
-        parallel_parts: connections one http(s) URL is fetched over at once (1: a single one).
-            Above 1, and when the server tells the size (Range) and it is more than one part,
-            the bytes are fetched as consecutive parts of `part_size` with parallel Range
-            requests, up to this many at once, and handed on strictly in order. This gets past a
-            per-connection bandwidth cap; it buffers up to parallel_parts * part_size bytes
-            (besides prefetch_bytes) and costs one extra request per URL to learn the size.
-        part_size: bytes per part when parallel_parts > 1.
+        parallel_parts: connections one http(s) URL may be fetched over at once (1: a single
+            one). Above 1, and when the server tells the size (Range) and it is more than one
+            part, the bytes are fetched as consecutive parts with parallel Range requests and
+            handed on strictly in order: this gets past per-connection bandwidth caps. Which
+            parts download is decided for the whole process (see `_parts`): the bytes readers
+            need soonest first, within `part_budget`. Costs one extra request per URL (its size).
+        part_size: bytes per part; None (the default) chooses from what the transfers show:
+            2 x time to first byte x per-connection rate, within 1-8 MiB (2 MiB to begin with).
+        part_budget: bytes that parts not yet being read may hold, for the whole process (the
+            largest value any stream asked for).
     """
 
     connect_timeout: float = 10.0
@@ -68,8 +72,9 @@ class FetchOptions:
     backoff_max: float = 10.0
     chunk_size: int = 256 << 10
     prefetch_bytes: int = 2 << 20
-    parallel_parts: int = 1
-    part_size: int = 8 << 20
+    parallel_parts: int = 16
+    part_size: Optional[int] = None
+    part_budget: int = 96 << 20
 
     def __post_init__(self) -> None:
         if not self.connect_timeout > 0 or not self.stall_timeout > 0:
@@ -82,8 +87,10 @@ class FetchOptions:
             raise ValueError("chunk_size and prefetch_bytes must be >= 1")
         if not isinstance(self.parallel_parts, int) or self.parallel_parts < 1:
             raise ValueError(f"parallel_parts must be an int >= 1, got {self.parallel_parts!r}")
-        if not isinstance(self.part_size, int) or self.part_size < 1:
-            raise ValueError(f"part_size must be an int >= 1, got {self.part_size!r}")
+        if self.part_size is not None and (not isinstance(self.part_size, int) or self.part_size < 1):
+            raise ValueError(f"part_size must be None or an int >= 1, got {self.part_size!r}")
+        if not isinstance(self.part_budget, int) or self.part_budget < 0:
+            raise ValueError(f"part_budget must be an int >= 0, got {self.part_budget!r}")
 
     def replace(self, **changes: Any) -> "FetchOptions":
         return dataclasses.replace(self, **changes)
@@ -139,9 +146,8 @@ _fetchers: Dict[str, Union[str, Fetcher]] = {
     "https": "._http:http_stream",
     "s3": "._s3:s3_stream",
 }
-# Fetchers that can fetch in parallel parts: fetcher entry -> (ranged fetcher, size function).
-# Ranged: (url, *, options, start, stop) -> chunks; size: async (url, *, options) -> Optional[int].
-_PARTED = {"._http:http_stream": ("._http:http_stream", "._http:http_size")}
+# Fetchers that can fetch in parallel parts (see _parts.parallel_stream for the contract).
+_PARTED = {"._http:http_stream"}
 _registry_lock = threading.Lock()
 
 
@@ -183,107 +189,9 @@ def _fetcher_for(url: str) -> Fetcher:
 def _chunks_for(url: str, options: FetchOptions, start: int) -> AsyncIterator[bytes]:
     if options.parallel_parts > 1:
         entry = _entry_for(url)
-        parted = _PARTED.get(entry) if isinstance(entry, str) else None
-        if parted is not None:
-            ranged, size = (_resolve(name, url) for name in parted)
-            return _parallel_stream(url, options, start, ranged, size)
+        if isinstance(entry, str) and entry in _PARTED:
+            return parallel_stream(url, options, start, _resolve(entry, url))
     return _fetcher_for(url)(url, options=options, start=start)
-
-
-class _Part:
-    """One byte range [start, stop) downloading on its own connection into a list of chunks."""
-
-    __slots__ = ("start", "stop", "chunks", "received", "done", "error", "event", "task")
-
-    def __init__(self, start: int, stop: int) -> None:
-        self.start, self.stop = start, stop
-        self.chunks: collections.deque = collections.deque()
-        self.received = 0
-        self.done = False
-        self.error: Optional[BaseException] = None
-        self.event = asyncio.Event()
-        self.task: Optional[asyncio.Task] = None
-
-    async def run(self, url: str, options: FetchOptions, ranged: Callable[..., AsyncIterator[bytes]]) -> None:
-        chunks = ranged(url, options=options, start=self.start, stop=self.stop)
-        try:
-            async for chunk in chunks:
-                self.received += len(chunk)
-                self.chunks.append(chunk)
-                self.event.set()
-        except Exception as exc:  # noqa: BLE001 - raised in order, when this part is at the front
-            self.error = exc
-        finally:
-            self.done = True
-            self.event.set()
-            await chunks.aclose()
-
-
-async def _parallel_stream(
-    url: str,
-    options: FetchOptions,
-    start: int,
-    ranged: Callable[..., AsyncIterator[bytes]],
-    size_of: Callable[..., Any],
-) -> AsyncIterator[bytes]:
-    """The bytes of `url` from `start`, fetched as parts of options.part_size over up to
-    options.parallel_parts connections at once, yielded in order; one connection when the size
-    is unknown or the rest fits in one part."""
-    part_size = options.part_size
-    # The first part downloads while the size is asked for: the probe costs no round trip.
-    first = _Part(start, start + part_size)
-    window: collections.deque = collections.deque([first])  # parts started, the front one first
-    pending: collections.deque = collections.deque()
-
-    def fill() -> None:
-        while pending and len(window) < options.parallel_parts:
-            part = pending.popleft()
-            part.task = asyncio.ensure_future(part.run(url, options, ranged))
-            window.append(part)
-
-    try:
-        first.task = asyncio.ensure_future(first.run(url, options, ranged))
-        size = await size_of(url, options=options)
-        if size is None:  # no Range support, or no size: one connection reads it all
-            first.task.cancel()
-            await asyncio.gather(first.task, return_exceptions=True)
-            window.clear()
-            single = ranged(url, options=options, start=start)
-            try:
-                async for chunk in single:
-                    yield chunk
-            finally:
-                await single.aclose()
-            return
-        first.stop = max(start, min(first.stop, size))  # what the first part must deliver
-        bounds = [(offset, min(offset + part_size, size)) for offset in range(start + part_size, size, part_size)]
-        pending.extend(_Part(lo, hi) for lo, hi in bounds)
-        fill()
-        while window:
-            front = window[0]
-            while True:
-                if front.chunks:
-                    yield front.chunks.popleft()
-                elif front.done:
-                    break
-                else:
-                    front.event.clear()
-                    await front.event.wait()
-            if front.error is not None:
-                raise front.error
-            if front.received != front.stop - front.start:
-                raise FetchError(
-                    f"object size changed during the download: bytes {front.start}-{front.stop - 1} "
-                    f"of {size} gave {front.received} bytes", url=url, offset=front.start + front.received,
-                )
-            window.popleft()  # handed on: its memory is free, so the next part may start
-            fill()
-    finally:
-        tasks = [part.task for part in window if part.task is not None and not part.task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, start: int = 0) -> AsyncIterator[bytes]:
@@ -401,6 +309,7 @@ class _Buffer:
         self.pump_waiting = False
         self.resume = asyncio.Event()
         self.task: Optional[asyncio.Task] = None
+        self.demand = Demand()  # tells a parted download that its consumer waits (see _parts)
 
     def put(self, chunk: bytes) -> bool:
         """Loop side: queue a chunk; True if the pump must now wait for `resume`."""
@@ -429,7 +338,11 @@ class _Buffer:
             while not self.items:
                 if self.closed:  # closed by another thread while this one waited
                     return _END
+                if not self.demand.waiting:
+                    self.demand.waiting = True
+                    self.loop.call_soon_threadsafe(self.demand.fire)
                 self.cond.wait()
+            self.demand.waiting = False
             item = self.items[0]
             if item.__class__ is not bytes:
                 return item  # left in place: every later call sees the end again
@@ -452,6 +365,7 @@ async def _pump(url: str, options: FetchOptions, start: int, buffer: _Buffer, st
     if buffer.closed:
         return
     _stream_stats.set(stats)  # this task's context only
+    demand.set(buffer.demand)
     chunks = fetch_stream(url, options=options, start=start)
     try:
         async for chunk in chunks:

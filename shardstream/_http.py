@@ -14,7 +14,7 @@ import random
 import re
 import time
 from email.utils import parsedate_to_datetime
-from typing import AsyncIterator, Optional, Tuple
+from typing import AsyncIterator, Callable, Optional, Tuple
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -187,14 +187,16 @@ def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
 
 
 async def http_stream(
-    url: str, *, options: FetchOptions, start: int = 0, stop: Optional[int] = None
+    url: str, *, options: FetchOptions, start: int = 0, stop: Optional[int] = None,
+    on_size: Optional[Callable[[Optional[int]], None]] = None,
 ) -> AsyncIterator[bytes]:
     """Yield the bytes of an http(s) URL from `start` (up to `stop`, exclusive, if given),
     retrying and resuming as `options` say.
 
     With `stop`, every request asks for `Range: bytes=start-(stop-1)` (a resume, for what is left
     of it); a range past the end of the object yields what there is. A server that ignores Range
-    has the prefix skipped and the body cut at `stop`.
+    has the prefix skipped and the body cut at `stop`. `on_size`, if given, is called once with
+    the object's size as a 206's Content-Range states it, or None (no ranges served, or no size).
     """
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"bad byte range: start={start}, stop={stop}")
@@ -211,6 +213,9 @@ async def http_stream(
             # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
             async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
                 skip = transfer.accept(resp)
+                if on_size is not None:
+                    on_size(transfer.total if transfer.total_exact else None)
+                    on_size = None
                 if skip is None:
                     return
                 async for chunk in resp.content.iter_chunked(options.chunk_size):

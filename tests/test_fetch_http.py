@@ -40,7 +40,10 @@ from shardstream._loop import get_loop, run_coroutine  # noqa: E402
 pytestmark = pytest.mark.timeout(20)
 
 KIB, MIB = 1 << 10, 1 << 20
-FAST = FetchOptions(backoff_base=0.01, backoff_max=0.05, chunk_size=64 * KIB, prefetch_bytes=1 * MIB, stall_timeout=5)
+# One connection per URL: these tests are about a single transfer's retries and resumes (parted
+# downloads are tested in test_fetch_parallel.py).
+FAST = FetchOptions(backoff_base=0.01, backoff_max=0.05, chunk_size=64 * KIB, prefetch_bytes=1 * MIB, stall_timeout=5,
+                    parallel_parts=1)
 SIZES = {"empty.bin": 0, "one.bin": 1, "small.bin": 1000, "multi.bin": 3 * 64 * KIB + 17, "big.bin": 2 * MIB + 3}
 SIZES.update({"large.bin": 16 * MIB}, **{f"par{i}.bin": 512 * KIB for i in range(4)})
 

@@ -1,0 +1,143 @@
+"""Ranged parts under one process-wide byte budget (`_parts`): exact bytes whatever the order
+streams are read in, a reader never waits for the budget, and memory stays within it."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+import shardstream._parts as parts
+from shardstream._fetch import FetchOptions, open_stream
+from shardstream._loop import run_coroutine
+
+from looptools import write_files
+from shardserver import ShardServer
+
+KIB = 1 << 10
+PART = 64 * KIB
+SIZES = {f"s{i}.bin": 600 * KIB + 37 * i for i in range(6)}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return write_files(tmp_path_factory.mktemp("parts"), SIZES)
+
+
+@pytest.fixture
+def budget(monkeypatch):
+    """A fresh process budget for each test (the module keeps one per process)."""
+    monkeypatch.setattr(parts, "_budget", None)
+    yield
+    monkeypatch.setattr(parts, "_budget", None)
+
+
+def _options(budget_bytes):
+    return FetchOptions(backoff_base=0.01, backoff_max=0.05, chunk_size=16 * KIB, prefetch_bytes=64 * KIB,
+                        stall_timeout=5, parallel_parts=4, part_size=PART, part_budget=budget_bytes)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("order", ["in order", "last first", "interleaved"])
+def test_exact_bytes_whatever_the_reading_order(files, budget, order):
+    root, data = files
+    names = sorted(SIZES)
+    with ShardServer(root) as server:
+        streams = {name: open_stream(server.url(name), options=_options(2 * PART)) for name in names}
+        got = {name: bytearray() for name in names}
+        try:
+            if order == "in order":
+                for name in names:
+                    for chunk in streams[name]:
+                        got[name] += chunk
+            elif order == "last first":  # a later stream read first: its front is granted on demand
+                for name in reversed(names):
+                    for chunk in streams[name]:
+                        got[name] += chunk
+            else:
+                rng, live = random.Random(3), {name: iter(streams[name]) for name in names}
+                while live:
+                    name = rng.choice(sorted(live))
+                    chunk = next(live[name], None)
+                    if chunk is None:
+                        del live[name]
+                    else:
+                        got[name] += chunk
+        finally:
+            for stream in streams.values():
+                stream.close()
+    assert {name: bytes(b) for name, b in got.items()} == {name: data[name] for name in names}
+
+
+@pytest.mark.timeout(60)
+def test_memory_stays_within_the_budget(files, budget):
+    root, data = files
+    limit = 3 * PART
+    peak = [0]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if parts._budget is not None:
+                peak[0] = max(peak[0], parts._budget.used)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ShardServer(root) as server:
+            server.options.bandwidth = 4e6  # slow enough for parts to queue up
+            streams = [open_stream(server.url(name), options=_options(limit)) for name in sorted(SIZES)]
+            try:
+                for name, stream in zip(sorted(SIZES), streams):
+                    assert b"".join(stream) == data[name]
+            finally:
+                for stream in streams:
+                    stream.close()
+    finally:
+        stop.set()
+        watcher.join()
+    assert 0 < peak[0] <= limit
+    assert parts._budget.used == 0  # everything given back
+
+
+def test_the_budget_grants_in_reading_order():
+    async def scenario():
+        budget = parts.PartBudget(2 * PART)
+        made = [parts._Part(0, PART, (stream, index)) for stream, index in [(2, 0), (1, 1), (1, 0), (3, 0)]]
+        holders = [parts._Part(0, PART, (0, i)) for i in range(2)]
+        for part in holders:
+            await budget.acquire(part)  # the budget is full
+        waiting = [asyncio.ensure_future(budget.acquire(part)) for part in made]
+        await asyncio.sleep(0)
+        granted = []
+        for part in holders:
+            budget.release(part)
+            await asyncio.sleep(0)
+            granted += [p.key for p in made if p.held and p.key not in granted]
+        budget.promote(made[3])  # a reader waits for stream 3: granted at once, holding nothing
+        await asyncio.sleep(0)
+        for task in waiting:
+            task.cancel()
+        return granted, made[3].held, waiting[3].done()
+
+    import asyncio
+
+    granted, held, done = run_coroutine(scenario()).result(5)
+    assert granted == [(1, 0), (1, 1)]  # the earliest needed first
+    assert held == 0 and done
+
+
+def test_part_size_follows_what_transfers_show(monkeypatch):
+    tuning = parts._Tuning()
+    assert tuning.part_size(2 << 20) == 2 << 20  # nothing measured yet
+    tuning.record(ttfb=0.05, nbytes=4 << 20, seconds=4 / 25)  # 50 ms to first byte, 25 MiB/s
+    assert tuning.part_size(2 << 20) == int(2 * 0.05 * (25 << 20))
+    fast = parts._Tuning()
+    fast.record(ttfb=0.0001, nbytes=1 << 30, seconds=1.0)
+    assert fast.part_size(2 << 20) == parts.MIN_PART  # a fast local server: small parts suffice
+    for _ in range(30):  # a slow, distant one: large parts, within the cap
+        tuning.record(ttfb=0.5, nbytes=64 << 20, seconds=1.0)
+    assert tuning.part_size(2 << 20) == parts.MAX_PART
