@@ -45,3 +45,4 @@ def test_the_suite_folder_is_inert_here():
 
     assert webdataset.__name__ == "webdataset" and "shardstream" not in webdataset.__file__
     assert "tests.conftest" not in sys.modules or "webdataset_suite" not in getattr(sys.modules["tests.conftest"], "__file__", "")
+    assert SUITE not in sys.path  # its test_decode.py etc. would shadow ours

@@ -33,6 +33,11 @@ ACTIVE = os.environ.get("SHARDSTREAM_WDS_SUITE") == "1"
 
 if not ACTIVE:
     collect_ignore_glob = ["*.py"]
+    # pytest put this folder first on sys.path to import this file; take it off again, or its
+    # test_decode.py, test_writer.py, ... would shadow ours for the rest of the session.
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    while _HERE in sys.path:
+        sys.path.remove(_HERE)
 else:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))  # shardserver
     import numpy as np
