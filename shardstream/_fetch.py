@@ -31,6 +31,7 @@ __all__ = [
     "FetchStats",
     "fetch_stats",
     "fetch_stream",
+    "fetches_natively",
     "note_fetch",
     "open_stream",
     "register_fetcher",
@@ -161,6 +162,13 @@ def register_fetcher(scheme: str, fetcher: Optional[Fetcher]) -> Optional[Union[
         if fetcher is not None:
             _fetchers[scheme.lower()] = fetcher
         return previous
+
+
+def fetches_natively(url: str) -> bool:
+    """Whether `url`'s scheme has a fetcher in the registry (http, https, s3 and every scheme
+    added with `register_fetcher`): such URLs stream through the async fetchers; the rest
+    (paths, file:, pipe:, other fsspec protocols) through the blocking opener."""
+    return _entry_for(url) is not None
 
 
 def _entry_for(url: str) -> Optional[Union[str, Fetcher]]:

@@ -9,8 +9,6 @@ Content-Length / Content-Range. aiohttp's exceptions become the error tree in `t
 from __future__ import annotations
 
 import asyncio
-import logging
-import random
 import re
 import time
 from email.utils import parsedate_to_datetime
@@ -21,12 +19,12 @@ import aiohttp
 from aiohttp import hdrs
 
 from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url
+from ._retries import backoff_delay, log_retry, watch
 from ._fetch import FetchOptions, note_fetch
 from ._loop import get_session
 
 __all__ = ["http_size", "http_stream", "translate_error"]
 
-log = logging.getLogger(__name__)
 
 _RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.ASCII)
@@ -205,69 +203,64 @@ async def http_stream(
     session = await get_session()
     timeout = _timeout(options)
     transfer = _Transfer(url, start, stop)
-    failures = 0  # consecutive attempts that failed without delivering a byte
-    while not transfer.complete:
-        attempt_start = transfer.received
-        try:
-            headers = transfer.request_headers()
-            # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
-            async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
-                skip = transfer.accept(resp)
-                if on_size is not None:
-                    on_size(transfer.total if transfer.total_exact else None)
-                    on_size = None
-                if skip is None:
-                    return
-                async for chunk in resp.content.iter_chunked(options.chunk_size):
-                    if skip:
-                        if len(chunk) <= skip:
-                            skip -= len(chunk)
-                            continue
-                        chunk, skip = chunk[skip:], 0
-                    total = transfer.total
-                    if total is not None and transfer.received + len(chunk) > total:
-                        raise transfer.error(f"body is longer than the advertised {total} bytes")
-                    if stop is not None and transfer.received + len(chunk) >= stop:
-                        chunk = chunk[: stop - transfer.received]  # a 200 (Range ignored) goes on
-                        transfer.received = stop
-                        if chunk:
-                            yield chunk
+    with watch(url, options) as silence:  # a silent transfer is reported before it times out
+        failures = 0  # consecutive attempts that failed without delivering a byte
+        while not transfer.complete:
+            attempt_start = transfer.received
+            try:
+                headers = transfer.request_headers()
+                # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
+                async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
+                    skip = transfer.accept(resp)
+                    if on_size is not None:
+                        on_size(transfer.total if transfer.total_exact else None)
+                        on_size = None
+                    if skip is None:
                         return
-                    transfer.received += len(chunk)
-                    yield chunk
-                if skip:
-                    raise transfer.error("the full response is shorter than the bytes already received")
-            if transfer.total is None or transfer.complete:
+                    async for chunk in resp.content.iter_chunked(options.chunk_size):
+                        silence.beat()
+                        if skip:
+                            if len(chunk) <= skip:
+                                skip -= len(chunk)
+                                continue
+                            chunk, skip = chunk[skip:], 0
+                        total = transfer.total
+                        if total is not None and transfer.received + len(chunk) > total:
+                            raise transfer.error(f"body is longer than the advertised {total} bytes")
+                        if stop is not None and transfer.received + len(chunk) >= stop:
+                            chunk = chunk[: stop - transfer.received]  # a 200 (Range ignored) goes on
+                            transfer.received = stop
+                            if chunk:
+                                yield chunk
+                            return
+                        transfer.received += len(chunk)
+                        yield chunk
+                    if skip:
+                        raise transfer.error("the full response is shorter than the bytes already received")
+                if transfer.total is None or transfer.complete:
+                    return
+                end = transfer.response_end
+                if end is not None and transfer.received >= end:
+                    continue  # a server that sends large objects in parts (206 short of the total)
+                short = f"body ended early ({transfer.received} of {transfer.total} bytes)"
+                raise _Retry(transfer.error(short, NetworkError))
+            except _Retry as retry:
+                error, retry_after = retry.error, retry.retry_after
+            except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
+                error, retryable = translate_error(exc, url, transfer.received)
+                if not retryable:
+                    raise error from (None if error is exc else exc)
+                retry_after = None
+            if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
                 return
-            end = transfer.response_end
-            if end is not None and transfer.received >= end:
-                continue  # a server that sends large objects in parts (206 short of the total)
-            short = f"body ended early ({transfer.received} of {transfer.total} bytes)"
-            raise _Retry(transfer.error(short, NetworkError))
-        except _Retry as retry:
-            error, retry_after = retry.error, retry.retry_after
-        except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
-            error, retryable = translate_error(exc, url, transfer.received)
-            if not retryable:
-                raise error from (None if error is exc else exc)
-            retry_after = None
-        if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
-            return
-        failures = 1 if transfer.received > attempt_start else failures + 1
-        if failures > options.retries:
-            message = f"{error.message}; gave up after {failures} attempts"
-            raise type(error)(message, url=url, offset=transfer.received) from error
-        if retry_after is not None:
-            delay = min(retry_after, options.backoff_max)
-        else:  # full jitter: spreads out clients that failed together
-            delay = random.uniform(0.0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
-        note_fetch(retries=1, resumes=int(transfer.received > 0))
-        level = logging.INFO if failures >= 3 else logging.DEBUG
-        log.log(
-            level, "retry %d/%d of %s from byte %d in %.2f s: %s",
-            failures, options.retries, redact_url(url), transfer.received, delay, error.message,
-        )
-        await asyncio.sleep(delay)
+            failures = 1 if transfer.received > attempt_start else failures + 1
+            if failures > options.retries:
+                message = f"{error.message}; gave up after {failures} attempts"
+                raise type(error)(message, url=url, offset=transfer.received) from error
+            delay = backoff_delay(options, failures, retry_after)
+            note_fetch(retries=1, resumes=int(transfer.received > 0))
+            log_retry(failures, options, url, transfer.received, delay, error.message)
+            await asyncio.sleep(delay)
 
 
 async def http_size(url: str, *, options: FetchOptions) -> Optional[int]:
@@ -313,9 +306,7 @@ async def http_size(url: str, *, options: FetchOptions) -> Optional[int]:
         if failures > options.retries:
             message = f"{error.message}; gave up after {failures} attempts"
             raise type(error)(message, url=url, offset=0) from error
-        if retry_after is not None:
-            delay = min(retry_after, options.backoff_max)
-        else:
-            delay = random.uniform(0.0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
+        delay = backoff_delay(options, failures, retry_after)
         note_fetch(retries=1)
+        log_retry(failures, options, url, None, delay, error.message)
         await asyncio.sleep(delay)

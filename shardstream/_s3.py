@@ -22,7 +22,6 @@ import atexit
 import fnmatch
 import logging
 import os
-import random
 import re
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
@@ -46,6 +45,7 @@ from botocore.exceptions import (
 
 from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
 from ._fetch import FetchOptions, note_fetch
+from ._retries import backoff_delay, log_retry
 
 __all__ = ["S3Stats", "close_s3_clients", "s3_list", "s3_stats", "s3_stream"]
 
@@ -150,8 +150,8 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
             failures += 1
             s3_stats.add(retries=1)
             note_fetch(retries=1)
-            delay = random.uniform(0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
-            logger.info("S3 retry %d/%d in %.2fs: %s", failures, options.retries, delay, error)
+            delay = backoff_delay(options, failures)
+            log_retry(failures, options, url, offset(), delay, str(error))
             await asyncio.sleep(delay)
 
 

@@ -22,7 +22,7 @@ from typing import (
 from urllib.parse import urlparse
 
 from ._errors import FormatError, ShardStreamError, UsageError
-from ._fetch import ChunkStream, FetchOptions, open_stream
+from ._fetch import ChunkStream, FetchOptions, fetches_natively, open_stream
 from ._index import index_position
 from ._keys import base_plus_ext, is_meta
 from ._members import member_batches
@@ -144,12 +144,9 @@ class ShardCursor:
 
 
 _NO_ITEM = object()
-_REMOTE = ("http://", "https://", "s3://")
-
-
 def _is_remote(url: str) -> bool:
-    """Shards fetched by our own async clients (the rest go through _open: files, pipe:, fsspec)."""
-    return url.startswith(_REMOTE)
+    """Shards fetched by the registry's async fetchers (the rest go through _open: files, pipe:, fsspec)."""
+    return fetches_natively(url)
 
 
 def open_origin(

@@ -19,6 +19,7 @@ from typing import IO, Any, Callable, Dict
 from urllib.parse import urlparse
 
 from ._errors import UsageError
+from ._fetch import fetches_natively
 from ._open import local_path_of, open_url
 from ._openers import (
     StreamReader,
@@ -63,7 +64,7 @@ def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any)
     if url.startswith("pipe:"):
         return open_pipe(url, mode, bufsize, allow)  # type: ignore[return-value]
     if mode == "rb":
-        if url.startswith(("http://", "https://", "s3://")):
+        if fetches_natively(url):  # http(s), s3 and schemes added with register_fetcher
             return open_http(url, bufsize)
         return open_url(url, allow_pipe=allow)
     path = local_path_of(url)

@@ -1,0 +1,68 @@
+"""Retries and stalls are visible (`_retries`): the first retry of a transfer is a WARNING naming
+the redacted URL, the reason and the attempt; a silent transfer is reported before its stall
+timeout gives up on it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import shardstream as wds
+import shardstream._retries as retries
+from shardstream._fetch import FetchOptions, open_stream
+
+from looptools import write_files
+from shardserver import ShardServer
+
+KIB = 1 << 10
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return write_files(tmp_path_factory.mktemp("retries"), {"x.bin": 512 * KIB})
+
+
+def _read(url, options):
+    with open_stream(url, options=options) as stream:
+        return b"".join(stream)
+
+
+@pytest.mark.timeout(60)
+def test_the_first_retry_is_a_warning_naming_url_reason_and_attempt(files, caplog):
+    root, contents = files
+    data = contents["x.bin"]
+    options = FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1)
+    with ShardServer(root) as server:
+        server.options.fail_first = {"x.bin": 2}  # two 503s, then the body
+        url = server.url("x.bin").replace("http://", "http://user:Zq9secret@") + "?token=Zq9tok"
+        server.options.basic_auth = ("user", "Zq9secret")
+        with caplog.at_level(logging.DEBUG, logger="shardstream"):
+            assert _read(url, options) == data
+    warnings_ = [r for r in caplog.records if r.levelno == logging.WARNING and "retry" in r.getMessage()]
+    assert len(warnings_) == 1  # the first retry; the second is quieter
+    message = warnings_[0].getMessage()
+    assert "retry 1/8" in message and "503" in message and "x.bin" in message
+    assert "Zq9secret" not in caplog.text and "Zq9tok" not in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_transfer_is_reported_before_its_stall_timeout(files, caplog, monkeypatch):
+    root, contents = files
+    data = contents["x.bin"]
+    monkeypatch.setattr(retries, "TICK", 0.1)
+    options = FetchOptions(stall_timeout=3.0, parallel_parts=1, chunk_size=16 * KIB)  # warns after 1 s
+    with ShardServer(root) as server:
+        server.options.seed = 1
+        server.options.stall_rate = 1.0
+        server.options.stall_seconds = 2.0  # quiet for 2 s, then the rest: under the timeout
+        with caplog.at_level(logging.WARNING, logger="shardstream"):
+            assert _read(server.url("x.bin"), options) == data
+    quiet = [r.getMessage() for r in caplog.records if "no bytes from" in r.getMessage()]
+    assert len(quiet) == 1 and "x.bin" in quiet[0] and "stall_timeout" in quiet[0]
+
+
+def test_backoff_honours_retry_after_and_caps_jitter():
+    options = wds.FetchOptions(backoff_base=0.5, backoff_max=4.0)
+    assert retries.backoff_delay(options, 3, retry_after=30.0) == 4.0
+    assert all(0 <= retries.backoff_delay(options, n) <= min(4.0, 0.5 * 2 ** (n - 1)) for n in range(1, 9) for _ in range(20))
