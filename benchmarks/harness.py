@@ -152,11 +152,11 @@ class Result:
 
     @property
     def mb_per_s(self) -> Optional[float]:
-        """Shard bytes read per second by the fastest full pass (MB = 1e6 bytes), if known."""
-        best = self.best
-        if best is None or not self.config.full_pass or not self.corpus_bytes or best.wall_s <= 0:
+        """Shard bytes read per second by the first pass (MB = 1e6 bytes), if it was a full pass."""
+        first = self.first
+        if first is None or not self.config.full_pass or not self.corpus_bytes or first.wall_s <= 0:
             return None
-        return self.corpus_bytes / best.wall_s / 1e6
+        return self.corpus_bytes / first.wall_s / 1e6
 
     @property
     def verdict(self) -> Optional[str]:
@@ -167,13 +167,24 @@ class Result:
         return None
 
     @property
+    def first(self) -> Optional[Rep]:
+        """The first pass of the fresh process: what a training job sees every epoch (its DataLoader
+        workers are fresh processes), so the headline figures are its."""
+        return self.reps[0] if self.reps else None
+
+    @property
     def best(self) -> Optional[Rep]:
         """The fastest repetition (least wall time), or None when the run failed."""
         return min(self.reps, key=lambda r: r.wall_s) if self.reps else None
 
     @property
     def rate(self) -> float:
-        """Samples/s of the fastest repetition, times the config's scale."""
+        """Samples/s of the first pass, times the config's scale (the headline)."""
+        return self.first.rate * self.config.rate_scale if self.first else 0.0
+
+    @property
+    def best_rate(self) -> float:
+        """Samples/s of the fastest pass, times the config's scale (the second column)."""
         return self.best.rate * self.config.rate_scale if self.best else 0.0
 
     @property
@@ -183,19 +194,20 @@ class Result:
 
     def to_json(self) -> dict:
         """A JSON-ready dict with the raw repetitions and the summary figures."""
-        best = self.best
+        first = self.first
         return {
             "config": asdict(self.config),
             "error": self.error,
             "setup_s": self.setup_s,
             "reps": [asdict(r) for r in self.reps],
             "stats": self.stats,
-            "summary": None if best is None else {
+            "summary": None if first is None else {
                 "samples_per_s": self.rate,
+                "best_samples_per_s": self.best_rate,
                 "mb_per_s": self.mb_per_s,
-                "wall_s": best.wall_s,
-                "first_sample_s": best.first_s,
-                "cpu_s_per_1k": 1000 * best.cpu_s / best.samples if best.samples else None,
+                "wall_s": first.wall_s,
+                "first_sample_s": first.first_s,
+                "cpu_s_per_1k": 1000 * first.cpu_s / first.samples if first.samples else None,
                 "peak_pss_mb": self.peak_pss_mb,
             },
         }

@@ -125,6 +125,9 @@ def main(spec_path: str, result_path: str) -> None:
         spec = json.load(stream)
     config = Config(**spec["config"])
     warm_page_cache(spec.get("warm", spec["urls"]))  # remote sources: the files the server reads
+    # torch on both sides, as in a training job (a DataLoader needs it; our loader does not, but
+    # the process it feeds has it): memory columns compare like with like.
+    importlib.import_module("torch")
     workload = importlib.import_module(config.module_name)
     started = time.perf_counter()
     start_pass = workload.make_pass(config, spec["urls"])

@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line; `--quick` overrides corpus size and repetitions for a smoke test."""
     parser = argparse.ArgumentParser(description="shardstream vs webdataset benchmarks")
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
-    parser.add_argument("--repeat", type=int, default=3, help="timed passes per config; the fastest is shown")
+    parser.add_argument("--repeat", type=int, default=3, help="timed passes per config: the first is the headline, the fastest a second column")
     parser.add_argument("--samples", type=int, default=corpus.CorpusSpec.samples)
     parser.add_argument("--shards", type=int, default=corpus.CorpusSpec.shards)
     parser.add_argument("--workers", default="1,2,4",
@@ -102,7 +102,7 @@ def header_line(meta: dict) -> str:
     line = (f"cores={meta['cores']} python={meta['python']} torch={meta['torch']} "
             f"webdataset={meta['webdataset']} shardstream={meta['shardstream']} ({meta['git']}) | "
             f"corpus {meta['samples']} samples / {meta['shards']} shards / {meta['corpus_mb']} MB | "
-            f"best of {meta['repeat']}")
+            f"first pass of a fresh process, best of {meta['repeat']} beside it")
     if "http" in meta:
         http = meta["http"]
         line += (f" | http: {http['latency_ms']:g} ms to first byte, "
