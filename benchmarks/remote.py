@@ -14,6 +14,10 @@ usual; `run.py` starts the servers once and hands their URLs to the children (`s
   cache before every pass (the first epoch: bytes stream through to the parser and the cache file);
   "warm" fills it in an untimed pass first (every timed pass is a second epoch, read from the cache).
   The reference is the same raw pass over the local files.
+- `http-first`: the issue tracker's first-pass pipeline over HTTP,
+  `WebDataset(urls, shardshuffle=False, nodesplitter=split_by_node).to_tuple("jpg", "cls")
+  .map_tuple(len, int).batched(64)` (one rank), webdataset + DataLoader(2) and (8) against
+  shardstream direct: read the `samples/s` column (first pass of a fresh process).
 - `http-split`: the raw pipeline over HTTP with `nodesplitter=split_by_node`, as rank 0 of 2 (the
   shape every DDP script has), with no sizes.json beside the shards: how long until the first sample,
   and the pass over this rank's half. webdataset splits shard by shard; shardstream does the same
@@ -59,6 +63,9 @@ def configs(workers: list[int]) -> list[Config]:
         _config("cache", "shardstream-local", source="local", pipeline="raw", baseline=True),
         _config("cache", "shardstream-http-cold", source="http", pipeline="raw", cache="cold"),
         _config("cache", "shardstream-http-warm", source="http", pipeline="raw", cache="warm"),
+        *(_config("http-first", f"webdataset-dl{n}", "webdataset", num_workers=n, source="http",
+                  pipeline="lengths") for n in WEBDATASET_WORKERS),
+        _config("http-first", "shardstream", source="http", pipeline="lengths"),
         *(_config("http-split", f"webdataset-dl{n}", "webdataset", num_workers=n, source="http",
                   pipeline="raw", world_size=2, full_pass=False) for n in WEBDATASET_WORKERS),
         _config("http-split", "shardstream", source="http", pipeline="raw", world_size=2, full_pass=False),
@@ -82,6 +89,9 @@ def comparisons() -> list[Comparison]:
                    "cache/shardstream-local", target=0.95),
         Comparison("cache pass 1 (cold) / HTTP raw without cache", "cache/shardstream-http-cold",
                    "http-raw/shardstream", target=0.97),
+        *(Comparison(f"HTTP first pass (lengths pipeline): shardstream / webdataset-dl{n}", "http-first/shardstream",
+                     f"http-first/webdataset-dl{n}", target=target)
+          for n, target in zip(WEBDATASET_WORKERS, (5.0, 1.5))),
         *(Comparison(f"HTTP split_by_node, rank 0 of 2: shardstream / webdataset-dl{n}", "http-split/shardstream",
                      f"http-split/webdataset-dl{n}") for n in WEBDATASET_WORKERS),
         Comparison("S3 raw / HTTP raw", "s3/shardstream-raw", "http-raw/shardstream"),
@@ -131,6 +141,9 @@ def make_pass(config: Config, urls: list[str]) -> Callable[[], Iterable]:
     def build(extra: dict) -> Iterable:
         if config.pipeline == "raw":
             dataset = wds.WebDataset(urls, shardshuffle=False, **options, **extra)
+        elif config.pipeline == "lengths":
+            dataset = (wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, **options, **extra)
+                       .to_tuple("jpg", "cls").map_tuple(len, int).batched(64))
         else:
             dataset = decode.pipeline(wds, urls, **options, **extra)
         if config.num_workers == 0:
@@ -145,5 +158,11 @@ def make_pass(config: Config, urls: list[str]) -> Callable[[], Iterable]:
 
 
 def count(item) -> tuple[int, int]:
-    """A raw sample (a dict) or a decode batch (a tuple), counted like those workloads count them."""
-    return raw.count(item) if isinstance(item, dict) else decode.count(item)
+    """A raw sample (a dict), a decode batch (images, labels) or a lengths batch (jpg lengths,
+    labels), counted like those workloads count them (a lengths batch: its jpg bytes)."""
+    if isinstance(item, dict):
+        return raw.count(item)
+    first = item[0]
+    if getattr(first, "dtype", None) is not None and first.ndim == 1:  # lengths
+        return len(item[1]), int(sum(int(n) for n in first))
+    return decode.count(item)
