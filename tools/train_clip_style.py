@@ -106,7 +106,8 @@ def main() -> None:
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)
         start, samples, steps = time.perf_counter(), 0, 0
-        for images, texts in wds.DevicePrefetcher(loader, device=device):
+        batches = wds.DevicePrefetcher(loader, device=device)  # runs ahead: checkpoint its state, not the loader's
+        for images, texts in batches:
             loss = model(images, texts)
             optimizer.zero_grad()
             loss.backward()
@@ -116,7 +117,7 @@ def main() -> None:
             if args.checkpoint and steps % 10 == 0:
                 # every rank's loader state (a collective, at the same step on all ranks): the
                 # run can then be resumed on another number of ranks or workers too
-                loaders = wds.gather_states(loader.state_dict())
+                loaders = wds.gather_states(batches.state_dict())
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "loader": loaders, "epoch": epoch}, f"{args.checkpoint}.rank{rank}")
         elapsed = time.perf_counter() - start
