@@ -14,8 +14,7 @@ from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ._imagedecode import last_extension
-from ._mediaio import AUDIO_EXTENSIONS, import_av, media_errors, open_media
+from ._mediaio import AUDIO_EXTENSIONS, MediaHandler, import_av, media_errors, open_media
 
 __all__ = ["AudioHandler", "AudioOptions", "audiohandler", "decode_audio"]
 
@@ -123,25 +122,14 @@ def _decode(container: Any, options: AudioOptions, extension: str) -> Tuple[np.n
     return np.ascontiguousarray(samples, dtype=np.float32), int(rate)
 
 
-class AudioHandler:
+class AudioHandler(MediaHandler):
     """A decode handler for audio fields: `AudioOptions` for the listed extensions, None otherwise."""
 
+    name = "audiohandler"
+    decode = staticmethod(decode_audio)
+
     def __init__(self, output: str = "numpy", extensions: Iterable[str] = AUDIO_EXTENSIONS, **options: Any) -> None:
-        self.options = AudioOptions(output, **options)
-        self.extensions = set(e.lower() for e in extensions)
-
-    def accepts(self, key: str) -> bool:
-        """True when a field named `key` is one this handler decodes (used to skip it early)."""
-        return last_extension(key).lower() in self.extensions
-
-    def __call__(self, key: str, data: bytes) -> Any:
-        extension = last_extension(key).lower()
-        if extension not in self.extensions:
-            return None
-        return decode_audio(data, self.options, extension)
-
-    def __repr__(self) -> str:
-        return f"audiohandler({self.options!r})"
+        super().__init__(AudioOptions(output, **options), extensions)
 
 
 def audiohandler(output: str = "numpy", extensions: Iterable[str] = AUDIO_EXTENSIONS, **options: Any) -> AudioHandler:

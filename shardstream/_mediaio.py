@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ._errors import UsageError
+from ._imagedecode import last_extension
 
 __all__ = [
     "AUDIO_EXTENSIONS",
+    "MediaHandler",
     "VIDEO_EXTENSIONS",
     "import_av",
     "media_errors",
@@ -34,6 +36,31 @@ _EBML_MAGIC = b"\x1a\x45\xdf\xa3"
 _SEGMENT_ID = b"\x18\x53\x80\x67"
 
 _av: Any = None
+
+
+class MediaHandler:
+    """A decode handler for the fields whose last extension is listed: `decode(data, options,
+    extension)` for those, None for the others (so the next handler gets a turn)."""
+
+    name = ""
+    decode: Callable[[bytes, Any, str], Any]
+
+    def __init__(self, options: Any, extensions: Iterable[str]) -> None:
+        self.options = options
+        self.extensions = set(e.lower() for e in extensions)
+
+    def accepts(self, key: str) -> bool:
+        """True when a field named `key` is one this handler decodes (used to skip it early)."""
+        return last_extension(key).lower() in self.extensions
+
+    def __call__(self, key: str, data: bytes) -> Any:
+        extension = last_extension(key).lower()
+        if extension not in self.extensions:
+            return None
+        return type(self).decode(data, self.options, extension)
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.options!r})"
 
 
 def import_av(what: str) -> Any:

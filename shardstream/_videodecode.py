@@ -16,8 +16,8 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ._imagedecode import imagespecs, last_extension
-from ._mediaio import VIDEO_EXTENSIONS, media_errors, open_media
+from ._imagedecode import imagespecs
+from ._mediaio import VIDEO_EXTENSIONS, MediaHandler, media_errors, open_media
 
 __all__ = ["VideoHandler", "VideoOptions", "decode_video", "videohandler"]
 
@@ -239,25 +239,14 @@ def _to_output(frames: Any, atype: str, etype: Optional[str], mode: str, layout:
     return torch.from_numpy(frames)
 
 
-class VideoHandler:
+class VideoHandler(MediaHandler):
     """A decode handler for video fields: `VideoOptions` for the listed extensions, None otherwise."""
 
+    name = "videohandler"
+    decode = staticmethod(decode_video)
+
     def __init__(self, spec: str = "rgb8", extensions: Iterable[str] = VIDEO_EXTENSIONS, **options: Any) -> None:
-        self.options = VideoOptions(spec, **options)
-        self.extensions = set(e.lower() for e in extensions)
-
-    def accepts(self, key: str) -> bool:
-        """True when a field named `key` is one this handler decodes (used to skip it early)."""
-        return last_extension(key).lower() in self.extensions
-
-    def __call__(self, key: str, data: bytes) -> Any:
-        extension = last_extension(key).lower()
-        if extension not in self.extensions:
-            return None
-        return decode_video(data, self.options, extension)
-
-    def __repr__(self) -> str:
-        return f"videohandler({self.options!r})"
+        super().__init__(VideoOptions(spec, **options), extensions)
 
 
 def videohandler(spec: str = "rgb8", extensions: Iterable[str] = VIDEO_EXTENSIONS, **options: Any) -> VideoHandler:
