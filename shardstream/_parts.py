@@ -29,6 +29,7 @@ import contextvars
 import functools
 import heapq
 import itertools
+import os
 import time
 from typing import Any, AsyncIterator, Callable, List, Optional, Tuple
 
@@ -150,6 +151,15 @@ class PartBudget:
 
 
 _budget: Optional[PartBudget] = None
+
+
+def _forget_budget() -> None:
+    global _budget
+    _budget = None  # a forked child (a DataLoader worker) has its own loop and no parts in flight
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_budget)
 
 
 def part_budget(limit: int) -> PartBudget:

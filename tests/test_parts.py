@@ -141,3 +141,21 @@ def test_part_size_follows_what_transfers_show(monkeypatch):
     for _ in range(30):  # a slow, distant one: large parts, within the cap
         tuning.record(ttfb=0.5, nbytes=64 << 20, seconds=1.0)
     assert tuning.part_size(2 << 20) == parts.MAX_PART
+
+
+def test_a_forked_child_starts_with_a_fresh_budget(budget):
+    import os
+
+    async def hold():
+        parts.part_budget(4 * PART).used = 3 * PART  # as if parts were in flight at the fork
+
+    run_coroutine(hold()).result(5)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no parts in flight, nothing held
+        os.write(write, b"1" if parts._budget is None else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert parts._budget.used == 3 * PART  # the parent's is untouched
+    parts._budget.used = 0
