@@ -22,12 +22,14 @@ venv: $(STAMP)
 clip-venv: $(CLIP_STAMP)
 
 # torch is pinned for the test environment only (a CPU wheel that this machine keeps on disk);
-# the package itself asks for a range in its `torch` extra.
-$(STAMP): pyproject.toml
+# the package itself asks for a range in its `torch` extra. tests/constraints.txt pins the versions
+# the suite was last run with (pip freeze of a working .venv, torch excluded): without it pip's
+# resolver backtracks for many minutes over ray, moto and the aiobotocore/botocore pins.
+$(STAMP): pyproject.toml tests/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" -c tests/constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
