@@ -223,6 +223,12 @@ class _Uploads(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # answers curl's "Expect: 100-continue" at once
     store: dict = {}
 
+    def end_headers(self):
+        # one request per connection: no handler thread outlives the test on a pooled connection
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        super().end_headers()
+
     def do_GET(self):  # noqa: N802
         body = self.store.get(self.path)
         if body is None:
@@ -256,6 +262,7 @@ class _Uploads(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def upload_server():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Uploads)
+    server.daemon_threads = False  # server_close() joins the handler threads
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     _Uploads.store = {"/data.bin": bytes(range(256)) * 100}
