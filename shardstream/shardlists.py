@@ -145,9 +145,11 @@ def non_empty(src):
 class ResampledShards(IterableDataset):
     """An endless (or nshards long) stream of shards drawn with replacement.
 
-    `weights` (a shardstream extension, as OpenCLIP's upsampling factors): one weight per
-    `::`-separated source of a string spec; a source's weight is split evenly over its shards,
-    so each source is drawn in proportion to its weight whatever its number of shards.
+    `weights` (a shardstream extension): one weight per `::`-separated source of a string spec;
+    a source's weight is split evenly over its shards, so each source is drawn in proportion to
+    its weight whatever its number of shards. (OpenCLIP's upsampling factors apply per *shard*:
+    there a source's share is its factor times its shard count. To reproduce OpenCLIP's mix,
+    pass factor x number of shards, as tools/train_clip.py does.)
     `mix="exact"` (the default with weights) gives each source its exact share of the *samples*
     (known from sizes.json or `.idx` files): at every point of a worker's stream a source is off
     its share by less than one of its shards; `mix="random"` draws every shard independently
