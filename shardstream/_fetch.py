@@ -33,6 +33,7 @@ __all__ = [
     "fetch_stream",
     "fetches_natively",
     "note_fetch",
+    "note_size",
     "open_stream",
     "register_fetcher",
 ]
@@ -105,6 +106,7 @@ class FetchStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(self._FIELDS, 0)
+        self.size: Optional[int] = None  # a stream's: the object's size, once a response said it
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -127,6 +129,13 @@ _stream_stats: contextvars.ContextVar[Optional[FetchStats]] = contextvars.Contex
 def fetch_stats() -> FetchStats:
     """The process-wide fetch counters."""
     return _GLOBAL_STATS
+
+
+def note_size(size: int) -> None:
+    """A fetcher learnt the size of the object the current stream reads (see `ChunkStream.size`)."""
+    stats = _stream_stats.get()
+    if stats is not None:
+        stats.size = size
 
 
 def note_fetch(**counts: int) -> None:
@@ -413,6 +422,12 @@ class ChunkStream:
         failure = _Failure(FetchError("fetch cancelled (event loop shut down)", url=url))
         buffer = self._buffer
         self._future.add_done_callback(lambda _: buffer.finish(failure))
+
+    @property
+    def size(self) -> Optional[int]:
+        """The object's size in bytes once the server has said it (else None): lets a reader
+        refuse a member that claims more bytes than the object has, without buffering it."""
+        return self.stats.size
 
     @property
     def buffered_bytes(self) -> int:

@@ -20,7 +20,7 @@ from aiohttp import hdrs
 
 from ._errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url
 from ._retries import backoff_delay, log_retry, watch
-from ._fetch import FetchOptions, note_fetch
+from ._fetch import FetchOptions, note_fetch, note_size
 from ._loop import get_session
 
 __all__ = ["http_size", "http_stream", "translate_error"]
@@ -212,6 +212,8 @@ async def http_stream(
                 # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
                 async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
                     skip = transfer.accept(resp)
+                    if transfer.total_exact or (transfer.total is not None and start == 0 and stop is None):
+                        note_size(transfer.total)  # type: ignore[arg-type]
                     if on_size is not None:
                         on_size(transfer.total if transfer.total_exact else None)
                         on_size = None

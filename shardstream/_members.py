@@ -39,8 +39,12 @@ def chunk_member_batches(
     `info["compressed"]` tells whether the shard turned out to be gzip."""
     reader = TarReader(url, start_offset=start_offset)
     feed = reader.feed
+    sized = hasattr(chunks, "size")  # a ChunkStream learns the object's size from the response
     try:
         for chunk in chunks:
+            if sized and chunks.size is not None:  # type: ignore[attr-defined]
+                reader.limit(chunks.size)  # type: ignore[attr-defined]
+                sized = False
             if stats is not None:
                 stats.add(nbytes=len(chunk))
             members = feed(chunk)

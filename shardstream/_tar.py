@@ -107,6 +107,11 @@ class TarReader:
         self._tail_at = self._tail_stop = 0  # the bytes after the end-of-archive block still to scan
         self._tail_partial = b""
 
+    def limit(self, size: int) -> None:
+        """The archive's length, learnt after reading began (e.g. from an HTTP response): as
+        `size=` at construction; call it before feeding the bytes it applies to."""
+        self._size = size
+
     @property
     def offset(self) -> int:
         """Bytes of the uncompressed tar stream consumed so far."""

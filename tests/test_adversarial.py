@@ -313,3 +313,29 @@ def test_decode_says_how_to_allow_pickles_in_a_way_that_works(tmp_path):
 def test_empty_urls_are_a_usage_error_not_shard_not_found(spec):
     with pytest.raises(wds.UsageError, match="empty shard URL"):
         wds.WebDataset(spec, shardshuffle=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_huge_claimed_size_over_http_fails_at_its_header(server):
+    import tarfile
+    import tracemalloc
+
+    header = tarfile.TarInfo("s0.bin")
+    header.size = (8 << 30) - 1
+    path = os.path.join(str(server.root), "liar-remote.tar")
+    with open(path, "wb") as f:
+        f.write(header.tobuf(tarfile.USTAR_FORMAT))
+        f.write(os.urandom(1 << 20) * 32)  # 32 MiB follow, not 8 GiB
+    try:
+        for parts in (1, 16):  # one plain GET, and ranged parts
+            options = wds.FetchOptions(parallel_parts=parts)
+            tracemalloc.start()
+            try:
+                with pytest.raises(wds.FormatError, match="needs 8589935104 bytes from its header") as caught:
+                    list(wds.WebDataset(server.url("liar-remote.tar"), shardshuffle=False, fetch_options=options))
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert caught.value.member == "s0.bin" and peak < 12 << 20, peak
+    finally:
+        os.remove(path)
