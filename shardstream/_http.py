@@ -23,7 +23,7 @@ from ._retries import backoff_delay, log_retry, watch
 from ._fetch import FetchOptions, note_fetch, note_size
 from ._loop import get_session
 
-__all__ = ["http_size", "http_stream", "translate_error"]
+__all__ = ["http_stream", "translate_error"]
 
 
 _RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
@@ -263,52 +263,3 @@ async def http_stream(
             note_fetch(retries=1, resumes=int(transfer.received > 0))
             log_retry(failures, options, url, transfer.received, delay, error.message)
             await asyncio.sleep(delay)
-
-
-async def http_size(url: str, *, options: FetchOptions) -> Optional[int]:
-    """The size in bytes of the object at an http(s) URL, learnt from `Range: bytes=0-0` (the
-    Content-Range of a 206, or an empty object's 416); None if the server does not serve ranges
-    or does not say. Retried as `options` say; raises like `http_stream` (ShardNotFound, ...)."""
-    session = await get_session()
-    timeout = _timeout(options)
-    failures = 0
-    while True:
-        try:
-            headers = {hdrs.RANGE: "bytes=0-0"}
-            async with session.get(url, headers=headers, timeout=timeout, read_bufsize=1 << 16) as resp:
-                status = resp.status
-                what = f"HTTP {status} {resp.reason or ''}".rstrip()
-                if status in (404, 410):
-                    raise ShardNotFound(what, url=url, offset=0)
-                if status in _RETRY_STATUSES:
-                    raise _Retry(FetchError(what, url=url, offset=0), _retry_after(resp.headers.get(hdrs.RETRY_AFTER)))
-                if status not in (206, 416):
-                    if status == 200:
-                        return None  # Range not served: one connection reads it all
-                    raise FetchError(what, url=url, offset=0)
-                match = _CONTENT_RANGE.fullmatch(resp.headers.get(hdrs.CONTENT_RANGE, "").strip())
-                if match is None or match.group(3) == "*":
-                    return None
-                size = int(match.group(3))
-                if status == 416 and size != 0:
-                    return None  # 0-0 unsatisfiable only for an empty object: a confused server
-                try:
-                    await resp.read()  # a byte at most: read, so that the connection is reused
-                except Exception:  # noqa: BLE001 - the size is known; a bad body costs a connection
-                    pass
-                return size
-        except _Retry as retry:
-            error, retry_after = retry.error, retry.retry_after
-        except Exception as exc:  # noqa: BLE001
-            error, retryable = translate_error(exc, url, 0)
-            if not retryable:
-                raise error from (None if error is exc else exc)
-            retry_after = None
-        failures += 1
-        if failures > options.retries:
-            message = f"{error.message}; gave up after {failures} attempts"
-            raise type(error)(message, url=url, offset=0) from error
-        delay = backoff_delay(options, failures, retry_after)
-        note_fetch(retries=1)
-        log_retry(failures, options, url, None, delay, error.message)
-        await asyncio.sleep(delay)

@@ -260,17 +260,11 @@ class TarShardSamples(PipelineStage):
     def batches(
         self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None, info: Optional[Dict[str, Any]] = None
     ) -> Iterator[List[TarMember]]:
-        """The shard's members in batches; local files and disk-cache hits are memory-mapped
-        (unless an opener is set), everything else is streamed."""
-        mappable = None
+        """The shard's members in batches; local files are memory-mapped (unless an opener is
+        set), everything else (disk-cache hits too: their blocks are checked as they are read)
+        is streamed."""
+        mappable = local_path_of(url) if self.opener is None else None
         open_chunks = lambda u, s: self.open(u, s, ready)  # noqa: E731
-        if self.opener is None:
-            mappable = local_path_of(url)
-            if mappable is None and self.cache is not None and ready is None:
-                mappable = self.cache.hit_path(url)
-                if mappable is not None:  # a compressed hit is streamed from the cached file
-                    cached = mappable
-                    open_chunks = lambda u, s: iter_chunks(cached, start=s)  # noqa: E731
         return member_batches(url, mappable, open_chunks, self.source_stats, start_offset, info)
 
     def _shard(

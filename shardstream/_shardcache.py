@@ -266,14 +266,6 @@ class ShardCache:
                 return True
         return False
 
-    def hit_path(self, url: str) -> Optional[str]:
-        """Always None: a disk hit is no longer handed out as a path to memory-map, because
-        its bytes must be checked as they are read (`stream` does that, block by block).
-
-        Kept for the shard reader, which maps what this returns and streams otherwise.
-        """
-        return None
-
     def stats(self) -> Dict[str, Dict[str, int]]:
         """Counters keyed by tier name, plus "origin" (fetches, bytes_served, errors)."""
         snapshot = {tier.name: tier.counters.snapshot() for tier in self.tiers}

@@ -1,5 +1,5 @@
 """One URL fetched over several connections at once (FetchOptions.parallel_parts): ranged
-http_stream, http_size, exact bytes around part boundaries, speed under a per-connection
+http_stream, exact bytes around part boundaries, speed under a per-connection
 bandwidth cap, faults, errors in order, close, and the fall-back to one connection."""
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 from shardserver import ShardServer  # noqa: E402
 
-from shardstream import _http  # noqa: E402
 from shardstream._errors import FetchError, ShardNotFound  # noqa: E402
 from shardstream._fetch import FetchOptions, fetch_stream, open_stream  # noqa: E402
-from shardstream._http import http_size, http_stream  # noqa: E402
+from shardstream._http import http_stream  # noqa: E402
 from shardstream._loop import run_coroutine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(20)
@@ -59,7 +58,7 @@ def collect(chunks, timeout=10):
     return run_coroutine(_collect(chunks)).result(timeout)
 
 
-# --- http_stream(start, stop) and http_size -------------------------------------------------------
+# --- http_stream(start, stop) -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["empty.bin", "one.bin", "above.bin", "several.bin"])
@@ -81,13 +80,6 @@ def test_ranged_http_stream(shared_server, files, name):
 def test_ranged_http_stream_rejects_a_bad_range(shared_server):
     with pytest.raises(ValueError):
         collect(http_stream(shared_server.url("one.bin"), options=FAST, start=5, stop=2))
-
-
-def test_http_size(shared_server, files):
-    for name, data in files[1].items():
-        assert run_coroutine(http_size(shared_server.url(name), options=FAST)).result(5) == len(data)
-    with pytest.raises(ShardNotFound):
-        run_coroutine(http_size(shared_server.url("missing.bin"), options=FAST)).result(5)
 
 
 def test_ranged_resume_after_faults(server, files):
@@ -210,8 +202,6 @@ def test_a_server_without_range_support_gets_one_connection(files):
     data, seen = files[1]["several.bin"], []
     runner, url = _serve_ranges(data, ignore_range=True, seen=seen)
     try:
-        assert run_coroutine(http_size(url, options=FAST)).result(5) is None
-        seen.clear()
         got, _ = fetch_all(url, FAST.replace(parallel_parts=4))
         # The first part's request (answered 200: no ranges), then one plain GET for all of it.
         assert got == data and seen == [f"bytes=0-{PART - 1}", None]
