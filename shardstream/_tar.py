@@ -19,8 +19,7 @@ import zlib
 from typing import List, NamedTuple, Optional, Tuple
 
 from ._errors import FormatError
-from ._codecs import sniff
-from ._gzip import GzipInflater
+from ._codecs import GzipInflater, sniff
 
 __all__ = ["TAIL_SCAN", "TarMember", "TarReader"]
 
