@@ -14,7 +14,7 @@ from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ._mediaio import AUDIO_EXTENSIONS, MediaHandler, import_av, media_errors, open_media
+from ._mediaio import AUDIO_EXTENSIONS, MediaHandler, first_stream, import_av, media_errors, open_media
 
 __all__ = ["AudioHandler", "AudioOptions", "audiohandler", "decode_audio"]
 
@@ -79,9 +79,7 @@ def decode_audio(data: bytes, options: AudioOptions = AudioOptions(), extension:
 
 def _decode(container: Any, options: AudioOptions, extension: str) -> Tuple[np.ndarray, int]:
     av = import_av("audio decoding")
-    if not container.streams.audio:
-        raise ValueError(f"no audio stream in this {extension or 'file'} ({container.format.name})")
-    stream = container.streams.audio[0]
+    stream = first_stream(container, "audio", extension)
     stream.codec_context.thread_count = 1
     rate = options.sample_rate or stream.codec_context.sample_rate or stream.rate
     # Mono is the mean of the channels and stereo from mono a copy (as librosa and torchaudio

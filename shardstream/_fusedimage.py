@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
-from ._imagedecode import IMAGE_EXTENSIONS, _pil, _to_array, imagespecs, last_extension
+from ._imagedecode import IMAGE_EXTENSIONS, FieldHandler, _pil, _to_array, imagespecs
 
 __all__ = ["CROPS", "FusedImageHandler", "center_box", "random_box", "resize_box"]
 
@@ -94,7 +94,7 @@ def _simplejpeg():
     return simplejpeg
 
 
-class FusedImageHandler:
+class FusedImageHandler(FieldHandler):
     """Decode, crop and resize images to a fixed size in one step (see the module docstring).
 
     Args:
@@ -181,13 +181,7 @@ class FusedImageHandler:
         if self.seed is None:
             self._rng = random
 
-    def accepts(self, key: str) -> bool:
-        """True when a field named `key` is one this handler decodes (used to skip it early)."""
-        return last_extension(key).lower() in self.extensions
-
-    def __call__(self, key: str, data: bytes) -> Optional[Any]:
-        if last_extension(key).lower() not in self.extensions:
-            return None
+    def decode_field(self, data: bytes, extension: str) -> Any:
         return self.decode(data)
 
     def geometry(self, width: int, height: int) -> Tuple[Box, Tuple[int, int]]:

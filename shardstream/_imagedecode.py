@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Set
 
 import numpy as np
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageHandler", "imagehandler", "imagespecs", "last_extension"]
+__all__ = ["FieldHandler", "IMAGE_EXTENSIONS", "ImageHandler", "imagehandler", "imagespecs", "last_extension"]
 
 # The extensions Pillow can open (webdataset's list, taken from PIL.Image.EXTENSION).
 IMAGE_EXTENSIONS = (
@@ -71,7 +71,27 @@ def _pil():
     return _pil_image
 
 
-class ImageHandler:
+class FieldHandler:
+    """A decode handler for the fields whose last extension is in `extensions` (lower case):
+    `decode_field(data, extension)` for those, None for the others (the next handler's turn)."""
+
+    extensions: Set[str]
+
+    def accepts(self, key: str) -> bool:
+        """True when a field named `key` is one this handler decodes (used to skip it early)."""
+        return last_extension(key).lower() in self.extensions
+
+    def __call__(self, key: str, data: bytes) -> Optional[Any]:
+        extension = last_extension(key).lower()
+        if extension not in self.extensions:
+            return None
+        return self.decode_field(data, extension)
+
+    def decode_field(self, data: bytes, extension: str) -> Any:  # pragma: no cover - subclasses override
+        raise NotImplementedError
+
+
+class ImageHandler(FieldHandler):
     """Decode image bytes according to `imagespec`; return None for other extensions.
 
     Args:
@@ -88,13 +108,7 @@ class ImageHandler:
         self.imagespec = imagespec.lower()
         self.extensions = set(extensions)
 
-    def accepts(self, key: str) -> bool:
-        """True when a field named `key` is one this handler decodes (used to skip it early)."""
-        return last_extension(key).lower() in self.extensions
-
-    def __call__(self, key: str, data: bytes) -> Optional[Any]:
-        if last_extension(key).lower() not in self.extensions:
-            return None
+    def decode_field(self, data: bytes, extension: str) -> Any:
         return self.decode(data)
 
     def decode(self, data: bytes) -> Any:

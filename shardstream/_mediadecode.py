@@ -20,7 +20,7 @@ import numpy as np
 from ._audiodecode import AudioOptions, decode_audio
 from ._errors import UsageError
 from ._imagedecode import last_extension
-from ._mediaio import import_av, media_errors, open_media
+from ._mediaio import first_stream, import_av, media_errors, open_media
 
 __all__ = ["read_video", "torch_audio", "torch_video"]
 
@@ -54,9 +54,7 @@ def read_video(data: bytes, extension: str = "") -> Any:
     container = open_media(data, extension, "video")
     try:
         with media_errors(extension, "video"):
-            if not container.streams.video:
-                raise ValueError(f"no video stream in this {extension or 'file'} ({container.format.name})")
-            video = container.streams.video[0]
+            video = first_stream(container, "video", extension)
             video.codec_context.thread_count = 1
             audio = container.streams.audio[0] if container.streams.audio else None
             streams = [video] if audio is None else [video, audio]

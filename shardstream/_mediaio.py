@@ -15,12 +15,13 @@ import io
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ._errors import UsageError
-from ._imagedecode import last_extension
+from ._imagedecode import FieldHandler
 
 __all__ = [
     "AUDIO_EXTENSIONS",
     "MediaHandler",
     "VIDEO_EXTENSIONS",
+    "first_stream",
     "import_av",
     "media_errors",
     "open_media",
@@ -38,9 +39,8 @@ _SEGMENT_ID = b"\x18\x53\x80\x67"
 _av: Any = None
 
 
-class MediaHandler:
-    """A decode handler for the fields whose last extension is listed: `decode(data, options,
-    extension)` for those, None for the others (so the next handler gets a turn)."""
+class MediaHandler(FieldHandler):
+    """A `FieldHandler` whose subclass's `decode(data, options, extension)` does the work."""
 
     name = ""
     decode: Callable[[bytes, Any, str], Any]
@@ -49,18 +49,19 @@ class MediaHandler:
         self.options = options
         self.extensions = set(e.lower() for e in extensions)
 
-    def accepts(self, key: str) -> bool:
-        """True when a field named `key` is one this handler decodes (used to skip it early)."""
-        return last_extension(key).lower() in self.extensions
-
-    def __call__(self, key: str, data: bytes) -> Any:
-        extension = last_extension(key).lower()
-        if extension not in self.extensions:
-            return None
+    def decode_field(self, data: bytes, extension: str) -> Any:
         return type(self).decode(data, self.options, extension)
 
     def __repr__(self) -> str:
         return f"{self.name}({self.options!r})"
+
+
+def first_stream(container: Any, kind: str, extension: str) -> Any:
+    """The container's first `kind` ("video" or "audio") stream; ValueError when it has none."""
+    streams = getattr(container.streams, kind)
+    if not streams:
+        raise ValueError(f"no {kind} stream in this {extension or 'file'} ({container.format.name})")
+    return streams[0]
 
 
 def import_av(what: str) -> Any:

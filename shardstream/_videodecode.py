@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from ._imagedecode import imagespecs
-from ._mediaio import VIDEO_EXTENSIONS, MediaHandler, media_errors, open_media
+from ._mediaio import VIDEO_EXTENSIONS, MediaHandler, first_stream, media_errors, open_media
 
 __all__ = ["VideoHandler", "VideoOptions", "decode_video", "videohandler"]
 
@@ -179,9 +179,7 @@ def decode_video(data: bytes, options: VideoOptions = VideoOptions(), extension:
     container = open_media(data, extension, "video")
     try:
         with media_errors(extension, "video"):
-            if not container.streams.video:
-                raise ValueError(f"no video stream in this {extension or 'file'} ({container.format.name})")
-            stream = container.streams.video[0]
+            stream = first_stream(container, "video", extension)
             stream.codec_context.thread_count = options.threads
             if options.threads != 1:
                 stream.thread_type = "AUTO"
