@@ -101,7 +101,7 @@ def plain_random(sample: dict) -> dict:
 
     from PIL import Image
     import numpy as np
-    from shardstream._fusedimage import random_box
+    from shardstream._decode.fusedimage import random_box
 
     image = sample["jpg"]
     box = tuple(int(v) for v in random_box(image.width, image.height, (0.08, 1.0), (3 / 4, 4 / 3), random))

@@ -16,9 +16,9 @@ from . import (
     tariterators,
     utils,
 )
-from ._config import EngineConfig, engine_defaults, set_engine_defaults
-from ._decode import allow_pickle
-from ._errors import (
+from ._engine.config import EngineConfig, engine_defaults, set_engine_defaults
+from ._decode.decoder import allow_pickle
+from ._base.errors import (
     FetchError,
     FetchTimeout,
     FormatError,
@@ -27,15 +27,15 @@ from ._errors import (
     ShardStreamError,
     UsageError,
 )
-from ._fetch import FetchOptions
-from ._open import allow_pipe
-from ._resume import gather_states
-from ._samples import TarShardSamples
+from ._fetch.stream import FetchOptions
+from ._fetch.open import allow_pipe
+from ._resume.states import gather_states
+from ._shard.samples import TarShardSamples
 from ._shim import install_as_webdataset
-from ._stages import clean_cut
-from ._stats import PipelineStats
-from ._subprocess import SubprocessLoader
-from ._tar import TarMember, TarReader
+from ._stages.contract import clean_cut
+from ._engine.stats import PipelineStats
+from ._loader.subprocess import SubprocessLoader
+from ._tar.reader import TarMember, TarReader
 from .autodecode import (
     Continue,
     Decoder,

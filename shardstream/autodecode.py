@@ -5,11 +5,11 @@ The implementation lives in `_decode`, `_imagedecode`, `_fusedimage` (decode + c
 divergence: unpickling (`pyd`, `pickle`, `pkl`) and `torch.load` (`pth`) are refused unless
 enabled with `allow_pickle()`, SHARDSTREAM_ALLOW_PICKLE=1 or `Decoder(..., allow_pickle=True)`.
 `pytorch_weights_only` is read from WDS_PYTORCH_WEIGHTS_ONLY at import, as in webdataset; to change
-it later, set `shardstream._decode.pytorch_weights_only` (this module only holds a copy).
+it later, set `shardstream._decode.decoder.pytorch_weights_only` (this module only holds a copy).
 """
 
-from ._audiodecode import AudioHandler, audiohandler
-from ._decode import (
+from ._decode.audio import AudioHandler, audiohandler
+from ._decode.decoder import (
     IMAGE_EXTENSIONS,
     Continue,
     Decoder,
@@ -38,8 +38,8 @@ from ._decode import (
     torch_video,
     unpickle_loads,
 )
-from ._fusedimage import FusedImageHandler
-from ._videodecode import VideoHandler, videohandler
+from ._decode.fusedimage import FusedImageHandler
+from ._decode.video import VideoHandler, videohandler
 
 __all__ = [
     "AudioHandler",

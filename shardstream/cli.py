@@ -7,8 +7,8 @@ import argparse
 import sys
 from typing import Callable, List, Optional
 
-from ._errors import ShardStreamError
-from ._redact import redact
+from ._base.errors import ShardStreamError
+from ._base.redact import redact
 
 __all__ = ["build_parser", "main"]
 

@@ -11,17 +11,17 @@ from typing import Any, Callable, Dict, List, Optional
 import yaml
 
 from . import filters, shardlists, utils
-from ._errors import UsageError
-from ._fetch import FetchOptions
-from ._resume import choose_state, worker_view
-from ._samples import TarShardSamples
-from ._shardcache import cache_from_options
-from ._split import EqualSplit
-from ._stages import clean_cut, resume_clean
-from ._statecheck import STATE_FORMAT, check_state, fingerprint
-from ._stream_filters import SeededShuffle
-from ._subprocess import SubprocessLoader
-from ._torch import DataLoader
+from ._base.errors import UsageError
+from ._fetch.stream import FetchOptions
+from ._resume.states import choose_state, worker_view
+from ._shard.samples import TarShardSamples
+from ._cache.shardcache import cache_from_options
+from ._resume.equal_split import EqualSplit
+from ._stages.contract import clean_cut, resume_clean
+from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
+from ._stages.stream_filters import SeededShuffle
+from ._loader.subprocess import SubprocessLoader
+from ._base.lazytorch import DataLoader
 from .filters import pipelinefilter
 from .handlers import reraise_exception
 from .pipeline import WORKER_END, DataPipeline, Tagged

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from ._stages import PipelineStage
-from ._torch import IterableDataset
+from ._stages.contract import PipelineStage
+from ._base.lazytorch import IterableDataset
 from .utils import repeatedly as _repeat
 
 __all__ = ["MockDataset", "repeatedly", "with_epoch", "with_length"]

@@ -12,11 +12,11 @@ import itertools
 from functools import reduce
 from typing import Any, Callable
 
-from . import _sample_filters as _sf
-from . import _stream_filters as _st
-from ._sample_filters import getfirst, identity, parse_field_spec, transform_with
-from ._stages import PipelineStage, StreamStage
-from ._stream_filters import (
+from ._stages import sample_filters as _sf
+from ._stages import stream_filters as _st
+from ._stages.sample_filters import getfirst, identity, parse_field_spec, transform_with
+from ._stages.contract import PipelineStage, StreamStage
+from ._stages.stream_filters import (
     Cached,
     _shuffle,
     combine_values,

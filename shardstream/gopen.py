@@ -18,10 +18,10 @@ import sys
 from typing import IO, Any, Callable, Dict
 from urllib.parse import urlparse
 
-from ._errors import UsageError
-from ._fetch import fetches_natively
-from ._open import local_path_of, open_url
-from ._openers import (
+from ._base.errors import UsageError
+from ._fetch.stream import fetches_natively
+from ._fetch.open import local_path_of, open_url
+from ._fetch.openers import (
     StreamReader,
     gopen_ais,
     gopen_curl,
@@ -33,9 +33,9 @@ from ._openers import (
     gopen_pipe,
     open_http,
 )
-from ._pipe import Pipe, info, open_pipe, set_options
-from ._redact import redact
-from ._security import enforced
+from ._fetch.pipe import Pipe, info, open_pipe, set_options
+from ._base.redact import redact
+from ._base.security import enforced
 
 __all__ = [
     "Pipe",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from ._errors import describe
+from ._base.errors import describe
 
 __all__ = [
     "ignore_and_continue",

@@ -7,7 +7,7 @@ from typing import Any, Iterator, List, Optional
 
 import numpy as np
 
-from ._torch import IterableDataset
+from ._base.lazytorch import IterableDataset
 
 __all__ = ["RandomMix", "RoundRobin", "exact_samples", "random_samples", "round_robin_longest", "round_robin_shortest"]
 

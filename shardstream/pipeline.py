@@ -9,23 +9,23 @@ import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ._config import EngineConfig, engine_defaults
-from ._engine import EngineIterator
-from ._errors import UsageError
-from ._positions import compose, pivot_wrapper, resume_pivot
-from ._ranks import pytorch_worker_info
-from ._resume import (
+from ._engine.config import EngineConfig, engine_defaults
+from ._engine.run import EngineIterator
+from ._base.errors import UsageError
+from ._resume.positions import compose, pivot_wrapper, resume_pivot
+from ._plan.ranks import pytorch_worker_info
+from ._resume.states import (
     choose_state,
     replay_offsets,
     replayable,
     unseeded_stages,
     worker_view,
 )
-from ._split import SHARD_SPLIT, EqualSplit, check_history
-from ._statecheck import STATE_FORMAT, check_state, fingerprint
-from ._stages import PipelineStage
-from ._stats import PipelineStats
-from ._torch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
+from ._resume.equal_split import SHARD_SPLIT, EqualSplit, check_history
+from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
+from ._stages.contract import PipelineStage
+from ._engine.stats import PipelineStats
+from ._base.lazytorch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
 __all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method"]

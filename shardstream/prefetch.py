@@ -16,7 +16,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
-from ._channel import END, Channel, Failure, Stopped
+from ._engine.channel import END, Channel, Failure, Stopped
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator", "to_device"]
 

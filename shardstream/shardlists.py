@@ -15,13 +15,13 @@ import braceexpand
 import yaml
 
 from . import utils
-from ._counts import known_counts
-from ._dirshards import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
-from ._listing import expand_listings
-from ._scheduler import SchedulerConfig, Shard, ShardScheduler
-from ._split import WORKER_SPLIT, EqualSplit
-from ._torch import IterableDataset
-from ._urls import envlookup, envsubst, expand_urls
+from ._shard.counts import known_counts
+from ._shard.dirshards import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
+from ._fetch.listing import expand_listings
+from ._plan.scheduler import SchedulerConfig, Shard, ShardScheduler
+from ._resume.equal_split import WORKER_SPLIT, EqualSplit
+from ._base.lazytorch import IterableDataset
+from ._plan.urls import envlookup, envsubst, expand_urls
 from .filters import pipelinefilter
 from .utils import is_iterable, obsolete
 

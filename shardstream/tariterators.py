@@ -22,10 +22,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple
 
 import braceexpand
 
-from ._errors import ShardStreamError
-from ._keys import META_PATTERN, base_plus_ext, is_meta
-from ._members import iter_members
-from ._samples import TarShardSamples, shard_range
+from ._base.errors import ShardStreamError
+from ._tar.keys import META_PATTERN, base_plus_ext, is_meta
+from ._shard.members import iter_members
+from ._shard.samples import TarShardSamples, shard_range
 from .gopen import gopen
 from .handlers import reraise_exception
 

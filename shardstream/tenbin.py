@@ -1,6 +1,6 @@
 """webdataset's `tenbin` module: the tensor binary format (`.ten` fields), buffers, streams and files."""
 
-from ._tenbin import (
+from ._decode.tenbin import (
     bytedata,
     bytelen,
     check_acceptable_input_type,
@@ -22,7 +22,7 @@ from ._tenbin import (
     str64,
     unstr64,
 )
-from ._tenbin_io import load, read, read_chunk, save, write, write_chunk
+from ._decode.tenbin_io import load, read, read_chunk, save, write, write_chunk
 
 __all__ = [
     "bytedata",

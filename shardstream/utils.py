@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import braceexpand
 import numpy as np
 
-from . import _security
-from ._ranks import pytorch_worker_info, pytorch_worker_seed
-from ._stages import PipelineStage
+from ._base import security as _security
+from ._plan.ranks import pytorch_worker_info, pytorch_worker_seed
+from ._stages.contract import PipelineStage
 
 __all__ = [
     "PipelineStage",

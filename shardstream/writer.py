@@ -4,7 +4,7 @@ The implementation lives in `_encode` (encoders) and `_writer` (destinations and
 divergences from webdataset are listed in their docstrings.
 """
 
-from ._encode import (
+from ._writer.encode import (
     add_handlers,
     bytestr,
     cbor_dumps,
@@ -20,7 +20,7 @@ from ._encode import (
     tenbin_dumps,
     torch_dumps,
 )
-from ._writer import ShardWriter, TarWriter
+from ._writer.tarwriter import ShardWriter, TarWriter
 from .gopen import gopen
 
 __all__ = [

@@ -9,8 +9,8 @@ import time
 
 from aiohttp import web
 
-from shardstream._fetch import open_stream
-from shardstream._loop import run_coroutine
+from shardstream._fetch.stream import open_stream
+from shardstream._fetch.loop import run_coroutine
 
 
 def loop_tasks():

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 __all__ = ["NAMES", "SMALL", "VECTORS", "patch_header", "reference_members"]
 
-Member = Tuple[str, bytes, int]  # (name, data, offset), like shardstream._tar.TarMember
+Member = Tuple[str, bytes, int]  # (name, data, offset), like shardstream._tar.reader.TarMember
 
 
 def reference_members(archive: bytes) -> List[Member]:

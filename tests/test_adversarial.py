@@ -169,7 +169,7 @@ def test_a_state_from_another_dataset_is_refused(two_datasets):
 
 
 def test_re_signed_urls_are_the_same_dataset():
-    from shardstream._statecheck import fingerprint
+    from shardstream._resume.statecheck import fingerprint
 
     urls = [f"https://bucket.example/train-{i}.tar" for i in range(3)]
     signed = lambda sig: [f"{u}?X-Amz-Signature={sig}&X-Amz-Date=1" for u in urls]  # noqa: E731

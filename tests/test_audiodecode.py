@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import shardstream as wds
-from shardstream._audiodecode import AudioOptions, decode_audio
+from shardstream._decode.audio import AudioOptions, decode_audio
 
 from mediagen import AUDIO_FORMATS, audio_params, make_audio
 

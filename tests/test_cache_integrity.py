@@ -22,9 +22,9 @@ import zlib
 import pytest
 
 import shardstream as wds
-from shardstream._cachecheck import BlockDigest, CorruptCacheFile
-from shardstream._cachetiers import DiskTier, _file_lock, cache_file_name
-from shardstream._shardcache import ShardCache
+from shardstream._cache.check import BlockDigest, CorruptCacheFile
+from shardstream._cache.tiers import DiskTier, _file_lock, cache_file_name
+from shardstream._cache.shardcache import ShardCache
 
 pytestmark = pytest.mark.timeout(60)
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")

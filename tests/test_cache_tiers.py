@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from shardstream._cachetiers import _HOST, DiskTier, MemoryTier, cache_file_name
-from shardstream._shardcache import ShardCache
+from shardstream._cache.tiers import _HOST, DiskTier, MemoryTier, cache_file_name
+from shardstream._cache.shardcache import ShardCache
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,7 +11,7 @@ import tarfile
 import webdataset
 from shardsets import sample_members, write_tar
 
-from shardstream._index import read_index
+from shardstream._shard.index import read_index
 from shardstream.cli import main
 
 

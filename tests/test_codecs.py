@@ -9,9 +9,9 @@ import tarfile
 import pytest
 
 import shardstream as wds
-from shardstream._codecs import sniff
-from shardstream._errors import FormatError
-from shardstream._tar import TarReader
+from shardstream._tar.codecs import sniff
+from shardstream._base.errors import FormatError
+from shardstream._tar.reader import TarReader
 from shardstream.cli import main
 
 from tarvectors import VECTORS

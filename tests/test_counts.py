@@ -5,9 +5,9 @@ import os
 import resource
 import tarfile
 
-import shardstream._counts as counts
-from shardstream._index import scan_shard, walk_shard, write_index
-from shardstream._open import iter_chunks
+import shardstream._shard.counts as counts
+from shardstream._shard.index import scan_shard, walk_shard, write_index
+from shardstream._fetch.open import iter_chunks
 
 from shardsets import make_shardset, sample_members, write_tar
 

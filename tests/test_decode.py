@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webdataset import tenbin as wtenbin
 
-import shardstream._decode as _decode
+import shardstream._decode.decoder as _decode
 import shardstream.autodecode as sa
-from shardstream import _tenbin
-from shardstream._errors import ShardStreamError, UsageError
+from shardstream._decode import tenbin as _tenbin
+from shardstream._base.errors import ShardStreamError, UsageError
 
 IMAGE_SPECS = sorted(wa.imagespecs)
 
@@ -577,7 +577,7 @@ def test_video_and_audio_handlers_exist_and_fail_clearly(monkeypatch):
     with pytest.raises(ValueError, match="wav"):
         sa.torch_audio(".wav", b"not media")
     # Without PyAV (and without the old backends): a UsageError saying what to install.
-    from shardstream import _mediadecode
+    from shardstream._decode import torchmedia as _mediadecode
 
     monkeypatch.setattr(_mediadecode, "_have_av", lambda: False)
     for module in ("torchvision", "torchvision.io", "torchaudio"):

@@ -13,7 +13,7 @@ from shardstream import (
     ShardStreamError,
     UsageError,
 )
-from shardstream._errors import redact_url
+from shardstream._base.errors import redact_url
 
 
 @pytest.mark.parametrize(

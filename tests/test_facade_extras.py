@@ -33,8 +33,8 @@ import webdataset.writer
 from compare import assert_same
 
 import shardstream
-import shardstream._open
-import shardstream._openers
+import shardstream._fetch.open
+import shardstream._fetch.openers
 import shardstream.cache
 import shardstream.compat
 import shardstream.extradatasets
@@ -52,7 +52,7 @@ BOTH = pytest.mark.parametrize("lib", ["webdataset", "shardstream"])
 @pytest.fixture
 def pipes_on(monkeypatch):
     """pipe: URLs enabled for one test (webdataset's default; ours is off)."""
-    monkeypatch.setattr(shardstream._open, "_pipe_switch", True)
+    monkeypatch.setattr(shardstream._fetch.open, "_pipe_switch", True)
 
 
 def lib_module(lib, name):
@@ -205,10 +205,10 @@ def test_gopen_file_pipe_and_error_like_webdataset(tmp_path, monkeypatch):
     for url in (str(path), f"file://{path}"):
         with ours.gopen_file(url) as a, theirs.gopen_file(url) as b:
             assert a.read() == b.read() == b"\x00data"
-    monkeypatch.setattr(shardstream._open, "_pipe_switch", False)
+    monkeypatch.setattr(shardstream._fetch.open, "_pipe_switch", False)
     with pytest.raises(ValueError, match="off by default"):  # divergence: pipes are opt-in
         ours.gopen_pipe(f"pipe:cat {path}")
-    monkeypatch.setattr(shardstream._open, "_pipe_switch", True)
+    monkeypatch.setattr(shardstream._fetch.open, "_pipe_switch", True)
     with ours.gopen_pipe(f"pipe:cat {path}") as a, theirs.gopen_pipe(f"pipe:cat {path}") as b:
         assert a.read() == b.read()
     with ours.gopen_pipe(f"pipe:cat > {tmp_path}/g.bin", "wb") as out:
@@ -325,7 +325,7 @@ def test_gopen_gsutil_and_ais_run_the_same_commands_as_webdataset(fake_tools):
 
 def test_gopen_htgs_and_hf(monkeypatch):
     seen = []
-    monkeypatch.setattr(shardstream._openers, "open_http", lambda url, bufsize=8192: seen.append(url) or io.BytesIO(b""))
+    monkeypatch.setattr(shardstream._fetch.openers, "open_http", lambda url, bufsize=8192: seen.append(url) or io.BytesIO(b""))
     OURS_GOPEN.gopen_htgs("htgs://bucket/dir/x.tar")
     assert seen == ["https://storage.googleapis.com/bucket/dir/x.tar"]  # webdataset hands gs:// to curl
     for module in (OURS_GOPEN, THEIRS_GOPEN):
@@ -405,7 +405,7 @@ def test_writer_reexports_and_writes_to_pipes_when_enabled(tmp_path, monkeypatch
     sample = {"__key__": "a", "txt": "hello", "cls": 3}
     with webdataset.writer.TarWriter(f"pipe:cat > {tmp_path}/theirs.tar") as sink:
         sink.write(dict(sample))
-    monkeypatch.setattr(shardstream._open, "_pipe_switch", True)
+    monkeypatch.setattr(shardstream._fetch.open, "_pipe_switch", True)
     with shardstream.writer.TarWriter(f"pipe:cat > {tmp_path}/ours.tar") as sink:
         sink.write(dict(sample))
     read = [list(webdataset.WebDataset(str(tmp_path / name), shardshuffle=False).decode())

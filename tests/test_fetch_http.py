@@ -20,22 +20,22 @@ from looptools import loop_tasks, reader, serve_app, wait_for, write_files
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 
-from shardstream import _fetch  # noqa: E402
-from shardstream._errors import (  # noqa: E402
+from shardstream._fetch import stream as _fetch  # noqa: E402
+from shardstream._base.errors import (  # noqa: E402
     FetchError,
     FetchTimeout,
     NetworkError,
     ShardNotFound,
     UsageError,
 )
-from shardstream._fetch import (  # noqa: E402
+from shardstream._fetch.stream import (  # noqa: E402
     FetchOptions,
     fetch_stats,
     fetch_stream,
     open_stream,
     register_fetcher,
 )
-from shardstream._loop import get_loop, run_coroutine  # noqa: E402
+from shardstream._fetch.loop import get_loop, run_coroutine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -80,7 +80,7 @@ def test_chunks_respect_chunk_size(server, files):
 
 
 def test_fetch_stream_on_a_loop_of_your_own(server, files):
-    from shardstream._loop import close_session
+    from shardstream._fetch.loop import close_session
 
     async def main():
         try:
@@ -368,7 +368,7 @@ def test_registered_fetchers_and_lazy_imports(server, files, monkeypatch):
     finally:
         register_fetcher("mem", None)
     # A missing optional module fails only the URLs of its scheme.
-    monkeypatch.setitem(_fetch._fetchers, "s3", "._no_such_module:s3_stream")
+    monkeypatch.setitem(_fetch._fetchers, "s3", ".no_such_module:s3_stream")
     with pytest.raises(UsageError, match="s3"):
         fetch_all("s3://bucket/key.tar")
     assert fetch_all(server.url("small.bin"))[0] == files[1]["small.bin"]

@@ -1,4 +1,4 @@
-"""shardstream._s3 against a real moto_server subprocess: streams, offsets, errors, resume, listing."""
+"""shardstream._fetch.s3 against a real moto_server subprocess: streams, offsets, errors, resume, listing."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from botocore.exceptions import (
 )
 from motoserver import free_port, moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
 
-from shardstream import _fetch, _s3
-from shardstream._errors import (
+from shardstream._fetch import stream as _fetch
+from shardstream._fetch import s3 as _s3
+from shardstream._base.errors import (
     FetchError,
     FetchTimeout,
     NetworkError,
@@ -40,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @dataclass(frozen=True)
 class Options:
-    """Stand-in for the fetch options dataclass (owned by shardstream._fetch)."""
+    """Stand-in for the fetch options dataclass (owned by shardstream._fetch.stream)."""
 
     connect_timeout: float = 5.0
     stall_timeout: float = 10.0

@@ -16,8 +16,8 @@ import torch
 from PIL import ImageFilter
 
 import shardstream as wds
-from shardstream._fusedimage import FusedImageHandler, center_box, random_box
-from shardstream._imagedecode import ImageHandler
+from shardstream._decode.fusedimage import FusedImageHandler, center_box, random_box
+from shardstream._decode.image import ImageHandler
 
 # The tolerance the README states (fused vs the plain path, same crop box, photo-like JPEGs
 # decoded at 1/2..1/8 scale): mean absolute difference and 99th percentile, in levels of 255.

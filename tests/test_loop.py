@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 from shardserver import ShardServer  # noqa: E402
 
-from shardstream import _loop  # noqa: E402
-from shardstream._errors import FetchError  # noqa: E402
-from shardstream._fetch import FetchOptions, open_stream  # noqa: E402
+from shardstream._fetch import loop as _loop  # noqa: E402
+from shardstream._base.errors import FetchError  # noqa: E402
+from shardstream._fetch.stream import FetchOptions, open_stream  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -160,7 +160,7 @@ def test_exit_closes_sessions_without_warnings(served):
             # atexit runs handlers last-in first-out: this one runs after shardstream's.
             atexit.register(lambda: print("CLOSED", seen["session"].closed, seen["loop"].is_closed()))
             from shardstream import _loop
-            from shardstream._fetch import open_stream
+            from shardstream._fetch.stream import open_stream
             url = {server.url("blob.bin")!r}
             done = open_stream({server.url("small.bin")!r})
             assert sum(map(len, done)) == 1000

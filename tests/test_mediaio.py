@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shardstream as wds
-from shardstream._mediaio import truncation
+from shardstream._decode.mediaio import truncation
 
 from mediagen import av, make_audio, make_video, video_params
 

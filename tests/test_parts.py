@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-import shardstream._parts as parts
-from shardstream._fetch import FetchOptions, open_stream
-from shardstream._loop import run_coroutine
+import shardstream._fetch.parts as parts
+from shardstream._fetch.stream import FetchOptions, open_stream
+from shardstream._fetch.loop import run_coroutine
 
 from looptools import write_files
 from shardserver import ShardServer

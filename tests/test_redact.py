@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream._redact import redact
+from shardstream._base.redact import redact
 
 
 @pytest.mark.parametrize(

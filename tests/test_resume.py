@@ -428,7 +428,7 @@ def test_elastic_resume_refuses_what_it_cannot_do(monkeypatch, uneven_shards):
 @pytest.fixture(scope="module")
 def mix_sources(tmp_path_factory):
     """Source a: two shards of 10 samples; source b: one shard of 50; sizes.json beside them."""
-    from shardstream._index import write_sizes
+    from shardstream._shard.index import write_sizes
 
     root = tmp_path_factory.mktemp("mix")
     a = [write_tar(str(root / f"a-{n}.tar"), [m for i in range(10 * n, 10 * n + 10) for m in sample_members(i, prefix="a", exts=("cls",))]) for n in range(2)]
@@ -479,7 +479,7 @@ def test_remainder_policy(monkeypatch, uneven_shards, remainder, each):
 def test_loader_counts_samples_once_not_in_every_worker(monkeypatch, uneven_shards, tmp_path):
     """Without sizes.json or .idx, local shards are counted by walking their headers, in the main
     process; the workers get the counts with the dataset instead of each walking every shard."""
-    import shardstream._counts as counts
+    import shardstream._shard.counts as counts
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -619,7 +619,7 @@ def test_custom_opener_resumes_by_skipping(uneven_shards):
         return wds.DataPipeline(wds.SimpleShardList(uneven_shards[:3]), wds.tarfile_to_samples(),
                                 wds.to_tuple("__key__")).with_engine(enabled=False)
 
-    from shardstream._samples import TarShardSamples
+    from shardstream._shard.samples import TarShardSamples
 
     def build_with_opener():
         ds = build()

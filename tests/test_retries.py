@@ -9,8 +9,8 @@ import logging
 import pytest
 
 import shardstream as wds
-import shardstream._retries as retries
-from shardstream._fetch import FetchOptions, open_stream
+import shardstream._fetch.retries as retries
+from shardstream._fetch.stream import FetchOptions, open_stream
 
 from looptools import write_files
 from shardserver import ShardServer

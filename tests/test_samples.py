@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 import shardstream as wds
-from shardstream._index import scan_shard, write_index
-from shardstream._open import iter_chunks
+from shardstream._shard.index import scan_shard, write_index
+from shardstream._fetch.open import iter_chunks
 
 
 def _keys(items):

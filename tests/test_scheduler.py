@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import shardstream._schedule_resume as resume_module
-import shardstream._scheduler as scheduler_module
-from shardstream._errors import UsageError
-from shardstream._scheduler import (
+import shardstream._plan.elastic as resume_module
+import shardstream._plan.scheduler as scheduler_module
+from shardstream._base.errors import UsageError
+from shardstream._plan.scheduler import (
     SchedulerConfig,
     SchedulerState,
     Shard,

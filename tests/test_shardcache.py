@@ -21,9 +21,9 @@ import time
 
 import pytest
 
-from shardstream._cachetiers import DiskTier, MemoryTier, _file_lock, cache_file_name
-from shardstream._errors import NetworkError, ShardNotFound, UsageError
-from shardstream._shardcache import ShardCache, cache_from_options
+from shardstream._cache.tiers import DiskTier, MemoryTier, _file_lock, cache_file_name
+from shardstream._base.errors import NetworkError, ShardNotFound, UsageError
+from shardstream._cache.shardcache import ShardCache, cache_from_options
 
 pytestmark = pytest.mark.timeout(40)
 

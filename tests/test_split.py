@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 import shardstream as wds
-import shardstream._split as split_module
+import shardstream._resume.equal_split as split_module
 import webdataset
 
 from shardsets import sample_members, write_tar
@@ -31,7 +31,7 @@ def files(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def fresh_process_state(monkeypatch):
     """Each test starts as a fresh process would: no sizes.json read yet, no warning given."""
-    import shardstream._counts as counts
+    import shardstream._shard.counts as counts
 
     monkeypatch.setattr(counts, "_sizes_files", {})
     monkeypatch.setattr(split_module, "_warned", False)

@@ -24,6 +24,7 @@ import torch
 
 import shardstream as wds
 from shardstream import SubprocessLoader
+from shardstream._loader.subprocess import RemoteTraceback
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
@@ -149,7 +150,7 @@ def test_error_in_helper_is_raised_here_with_its_traceback(shardset):
     with pytest.raises(ValueError, match="boom at") as info:
         list(SubprocessLoader(dataset))
     cause = info.value.__cause__
-    assert isinstance(cause, wds._subprocess.RemoteTraceback)
+    assert isinstance(cause, RemoteTraceback)
     assert "_boom" in cause.text and "test_subprocess.py" in cause.text
     assert any("helper process" in note for note in getattr(info.value, "__notes__", []))
     assert _segments() == []
@@ -254,7 +255,7 @@ def _alive(pid: int) -> bool:
 def test_full_shared_memory_is_an_error_not_a_sigbus(monkeypatch):
     """A /dev/shm too small for a batch (docker's default is 64 MB) fails when the segment is
     made, with what to do, instead of killing the helper with SIGBUS at the first write."""
-    from shardstream import _shm
+    from shardstream._loader import shm as _shm
 
     def full(fd, offset, length):
         raise OSError(28, "No space left on device")

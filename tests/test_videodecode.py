@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import shardstream as wds
-from shardstream._videodecode import VideoOptions, decode_video
+from shardstream._decode.video import VideoOptions, decode_video
 
 from mediagen import level, make_video, video_params
 

@@ -22,8 +22,8 @@ import webdataset as wds
 import webdataset.writer as ww
 
 import shardstream.writer as sw
-from shardstream import _tenbin
-from shardstream._errors import UsageError
+from shardstream._decode import tenbin as _tenbin
+from shardstream._base.errors import UsageError
 
 MTIME = 1_700_000_000
 
@@ -378,7 +378,7 @@ def test_shardwriter_opener_and_close(tmp_path):
 
 
 def test_shardwriter_logs_instead_of_printing(tmp_path, capsys, caplog):
-    caplog.set_level("INFO", logger="shardstream._writer")
+    caplog.set_level("INFO", logger="shardstream._writer.tarwriter")
     with sw.ShardWriter(str(tmp_path / "v-%d.tar"), verbose=1) as writer:
         writer.write({"__key__": "k", "txt": "x"})
     assert capsys.readouterr().out == ""

@@ -6,11 +6,11 @@ import os
 import sys
 from typing import Any, List, Optional
 
-from .._open import local_path_of
+from .._fetch.open import local_path_of
 from .._prep._options import SHARD_SUFFIXES
 from .._prep._rows import IMAGE_SUFFIXES
-from .._redact import redact
-from .._urls import expand_urls
+from .._base.redact import redact
+from .._plan.urls import expand_urls
 
 __all__ = ["bar", "is_image", "say", "shard_urls"]
 

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from .._counts import cheap_counts
+from .._shard.counts import cheap_counts
 from ._common import bar, say, shard_urls
 
 __all__ = ["cmd_bench"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from .._errors import UsageError
-from .._members import iter_members
-from .._samples import open_origin
+from .._base.errors import UsageError
+from .._shard.members import iter_members
+from .._shard.samples import open_origin
 from ._common import say
 
 __all__ = ["cmd_extract", "safe_target"]

@@ -9,12 +9,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
-from .._errors import UsageError
-from .._open import local_path_of
+from .._base.errors import UsageError
+from .._fetch.open import local_path_of
 from .._prep._dest import Destination
 from .._prep._indexes import dali_text, idx_text, scan_indexes
-from .._samples import open_origin
-from .._urls import shard_name
+from .._shard.samples import open_origin
+from .._plan.urls import shard_name
 from ._common import bar, say, shard_urls
 
 __all__ = ["cmd_index", "merge_sizes"]

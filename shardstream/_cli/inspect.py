@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict
 
-from .._samples import TarShardSamples
-from .._urls import shard_name
+from .._shard.samples import TarShardSamples
+from .._plan.urls import shard_name
 from ._common import say, shard_urls
 
 __all__ = ["cmd_inspect", "cmd_ls"]

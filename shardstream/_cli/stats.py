@@ -9,8 +9,8 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Tuple
 
-from .._samples import TarShardSamples
-from .._urls import shard_name
+from .._shard.samples import TarShardSamples
+from .._plan.urls import shard_name
 from ._common import bar, is_image, say, shard_urls
 
 __all__ = ["cmd_stats", "shard_stats"]

@@ -10,11 +10,11 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from .._counts import known_counts
-from .._errors import FormatError, ShardStreamError
-from .._keys import base_plus_ext
-from .._members import iter_members
-from .._samples import TarShardSamples, open_origin
+from .._shard.counts import known_counts
+from .._base.errors import FormatError, ShardStreamError
+from .._tar.keys import base_plus_ext
+from .._shard.members import iter_members
+from .._shard.samples import TarShardSamples, open_origin
 from ._common import bar, is_image, say, shard_urls
 
 __all__ = ["cmd_verify", "parse_require", "verify_shard"]

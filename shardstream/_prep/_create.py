@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-from .._errors import UsageError
+from .._base.errors import UsageError
 from ._dest import Destination
 from ._engines import run_local, run_ray
 from ._options import CreateOptions

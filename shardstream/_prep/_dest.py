@@ -11,9 +11,9 @@ import contextlib
 import os
 from typing import Any, BinaryIO, Iterator, Optional, Tuple
 
-from .._errors import UsageError
-from .._open import local_path_of
-from .._redact import redact
+from .._base.errors import UsageError
+from .._fetch.open import local_path_of
+from .._base.redact import redact
 
 __all__ = ["Destination"]
 

@@ -13,8 +13,8 @@ import pickle
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from .._errors import ShardStreamError, UsageError
-from .._redact import redact
+from .._base.errors import ShardStreamError, UsageError
+from .._base.redact import redact
 from ._plan import ShardTask
 from ._shardfile import ShardResult, WriteContext, write_shard
 

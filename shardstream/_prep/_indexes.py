@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .._codecs import MAGIC_BYTES, sniff
-from .._errors import FormatError
-from .._index import ShardSummary, summarize
-from .._members import iter_members
-from .._tar import TarMember
+from .._tar.codecs import MAGIC_BYTES, sniff
+from .._base.errors import FormatError
+from .._shard.index import ShardSummary, summarize
+from .._shard.members import iter_members
+from .._tar.reader import TarMember
 
 __all__ = ["DaliMember", "dali_split", "dali_text", "idx_text", "read_dali_index", "scan_indexes"]
 

@@ -10,11 +10,11 @@ import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 from urllib.parse import urljoin
 
-from .._errors import UsageError
-from .._open import local_path_of
-from .._redact import redact
-from .._samples import open_origin
-from .._urls import shard_name
+from .._base.errors import UsageError
+from .._fetch.open import local_path_of
+from .._base.redact import redact
+from .._shard.samples import open_origin
+from .._plan.urls import shard_name
 from ._options import CreateOptions
 from ._rows import IMAGE_SUFFIXES, Listing, Ref, Row, safe_key
 

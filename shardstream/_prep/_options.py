@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from .._errors import UsageError
+from .._base.errors import UsageError
 
 __all__ = ["CreateOptions", "Reencode"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from .._errors import UsageError
+from .._base.errors import UsageError
 from ._rows import Row
 
 __all__ = ["ShardTask", "plan_shards", "rank_slice", "seeded_order"]

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
-from .._errors import ShardStreamError
-from .._redact import redact
-from .._samples import TarShardSamples, open_origin
-from .._writer import TarWriter
+from .._base.errors import ShardStreamError
+from .._base.redact import redact
+from .._shard.samples import TarShardSamples, open_origin
+from .._writer.tarwriter import TarWriter
 from ._dest import Destination
 from ._indexes import DaliMember, dali_split, dali_text, idx_text
 from ._options import Reencode

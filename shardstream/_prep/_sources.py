@@ -14,12 +14,12 @@ import os
 import re
 from typing import Dict, List, Optional, Tuple, Union
 
-from .._errors import UsageError
-from .._keys import base_plus_ext
-from .._open import local_path_of
-from .._redact import redact
-from .._samples import open_origin
-from .._urls import expand_urls, shard_name
+from .._base.errors import UsageError
+from .._tar.keys import base_plus_ext
+from .._fetch.open import local_path_of
+from .._base.redact import redact
+from .._shard.samples import open_origin
+from .._plan.urls import expand_urls, shard_name
 from ._manifest import MANIFEST_SUFFIXES, read_manifest
 from ._options import SHARD_SUFFIXES, CreateOptions
 from ._rows import UNSAFE_KEY, Listing, Ref, Row, safe_key
@@ -142,7 +142,7 @@ def list_folder(root: str, *, labels: bool, classes_file: Optional[str] = None, 
 # --- shards ----------------------------------------------------------------------------------
 
 def _payload_sizes(url: str) -> List[int]:
-    from .._samples import TarShardSamples
+    from .._shard.samples import TarShardSamples
 
     return [sum(len(v) for k, v in s.items() if not k.startswith("__")) for s in TarShardSamples().run([url])]
 
@@ -150,8 +150,8 @@ def _payload_sizes(url: str) -> List[int]:
 def list_shards(source: str, need_sizes: bool = False, progress: bool = False) -> Listing:
     """One row per sample of the source shards (counted from sizes.json, .idx, a header walk,
     else by reading them; `need_sizes` reads them all for exact payload sizes)."""
-    from .._counts import cheap_counts, read_counts
-    from .._samples import TarShardSamples
+    from .._shard.counts import cheap_counts, read_counts
+    from .._shard.samples import TarShardSamples
 
     directory = _local_dir(source)
     urls = shard_files(directory) if directory is not None else expand_urls(source)

@@ -1,0 +1,116 @@
+"""The error tree: one base, format / fetch / usage errors under it, and URL redaction.
+
+Every error can carry where it happened: the shard URL (credentials redacted), the member name
+inside the shard and the byte offset. Third-party errors (aiohttp, botocore, OSError) are
+translated into this tree in one place per layer, at the boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .redact import redact, redact_url
+
+__all__ = [
+    "FetchError",
+    "FetchTimeout",
+    "FormatError",
+    "NetworkError",
+    "ShardNotFound",
+    "ShardStreamError",
+    "UsageError",
+    "describe",
+    "redact_url",
+]
+
+class ShardStreamError(Exception):
+    """Base of every error shardstream raises on purpose.
+
+    Attributes:
+        url: the shard URL, already redacted, or None.
+        member: the tar member name, or None.
+        offset: the byte offset in the (uncompressed) shard stream, or None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: Optional[str] = None,
+        member: Optional[str] = None,
+        offset: Optional[int] = None,
+    ) -> None:
+        self.message = message
+        self.url = None if url is None else redact_url(url)
+        self.member = member
+        self.offset = offset
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.url is not None:
+            where.append(f"url={self.url}")
+        if self.member is not None:
+            where.append(f"member={self.member!r}")
+        if self.offset is not None:
+            where.append(f"offset={self.offset}")
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+    def with_location(
+        self, *, url: Optional[str] = None, member: Optional[str] = None, offset: Optional[int] = None
+    ) -> "ShardStreamError":
+        """Fill in location fields that are still unknown and return self (for re-raising)."""
+        if url is not None and self.url is None:
+            self.url = redact_url(url)
+        if member is not None and self.member is None:
+            self.member = member
+        if offset is not None and self.offset is None:
+            self.offset = offset
+        self.args = (self._render(),)
+        return self
+
+    def __str__(self) -> str:
+        return self._render()
+
+    def __reduce__(self):  # keep location fields across pickling (DataLoader worker -> main)
+        return (_rebuild, (type(self), self.message, self.url, self.member, self.offset))
+
+
+def _rebuild(cls, message, url, member, offset):
+    return cls(message, url=url, member=member, offset=offset)
+
+
+class FormatError(ShardStreamError, ValueError):
+    """The bytes of a shard are not a valid (possibly gzip-compressed) tar archive."""
+
+
+class UsageError(ShardStreamError, ValueError):
+    """The caller asked for something that is not allowed or not configured (e.g. `pipe:` URLs)."""
+
+
+class FetchError(ShardStreamError, OSError):
+    """Bytes could not be fetched from a URL."""
+
+
+class NetworkError(FetchError, ConnectionError):
+    """A connection failed or broke; retried where that is safe."""
+
+
+class FetchTimeout(FetchError, TimeoutError):
+    """A connect, read or stall timeout."""
+
+
+class ShardNotFound(FetchError, FileNotFoundError):
+    """The URL names nothing (HTTP 404, missing S3 key, missing file); never retried."""
+
+
+def describe(exn: BaseException) -> str:
+    """What a warning says about an error: its repr and the chain of causes (a decode error's
+    reason, e.g. the JSON error, is its __cause__), credentials redacted."""
+    parts, seen = [repr(exn)], {id(exn)}
+    cause = exn.__cause__ or exn.__context__
+    while cause is not None and id(cause) not in seen and len(parts) < 4:
+        seen.add(id(cause))
+        parts.append(repr(cause))
+        cause = cause.__cause__ or cause.__context__
+    return redact(", caused by ".join(parts))

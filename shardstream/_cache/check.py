@@ -1,0 +1,228 @@
+"""Cache integrity: a CRC-32 per block of every cached shard, recorded when it is written and
+checked as it is read, before any of its bytes are handed out.
+
+A committed disk-cache file has a sidecar record (`ShardRecord`): its size, a digest of its URL,
+the block size and the CRC-32 of each block. The writer computes the CRCs from the chunks it
+writes (stream-through: no extra pass over the bytes); `VerifiedFile` reads a file block by
+block and checks each block's CRC before it yields it, so a corrupt block never reaches the tar
+reader. A failure raises `CorruptCacheFile`, which names the cache file; `ShardCache` catches it,
+evicts the file and continues the stream from the origin (`Resume`), after checking that the
+origin's bytes equal those already handed out.
+
+Why CRC-32 (zlib): it is the fastest digest in the standard library (about 2-3 GB/s a core on
+the build machine, blake2b about 1 GB/s, sha256 1.2 GB/s) and it is made for accidental
+corruption, the kind a cache suffers. A cryptographic hash would buy nothing: whoever can write
+the cache directory can rewrite its records too.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import List, NamedTuple, Optional, Tuple
+
+from .._base.errors import FetchError
+
+__all__ = ["BlockDigest", "CorruptCacheFile", "Resume", "ShardRecord", "VerifiedFile", "read_record", "write_record"]
+
+RECORD_FORMAT = 2  # format 1 (no "format" key) recorded only the size: never trusted now
+
+
+class ShardRecord(NamedTuple):
+    """What a sidecar says about its committed shard. `crcs` is None for an old record that has
+    no digest (a file written by an earlier version: unverifiable, so never served)."""
+
+    size: int
+    url_sha256: str
+    block_size: int
+    crcs: Optional[Tuple[int, ...]]
+
+    def verifiable(self, size: int, url_sha256: str) -> bool:
+        """Whether this record describes a file of `size` bytes for the URL, block by block."""
+        if self.crcs is None or self.block_size <= 0:
+            return False
+        return (self.size, self.url_sha256) == (size, url_sha256) and len(self.crcs) == -(-size // self.block_size)
+
+
+def write_record(f, size: int, url_sha256: str, block_size: int, crcs: List[int]) -> None:
+    """Write a record as JSON to the open text file `f`."""
+    packed = struct.pack(f">{len(crcs)}I", *crcs).hex()
+    json.dump({"format": RECORD_FORMAT, "size": size, "url_sha256": url_sha256, "block_size": block_size,
+               "crc32": packed}, f)
+
+
+def read_record(path: str) -> Optional[ShardRecord]:
+    """The record in the sidecar at `path`, or None when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        size, url_sha256 = int(meta["size"]), str(meta["url_sha256"])
+        if meta.get("format") != RECORD_FORMAT:
+            return ShardRecord(size, url_sha256, 0, None)
+        raw = bytes.fromhex(meta["crc32"])
+        return ShardRecord(size, url_sha256, int(meta["block_size"]), struct.unpack(f">{len(raw) // 4}I", raw))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+        return None
+
+
+class BlockDigest:
+    """The CRC-32 of each `block_size` block of a byte stream fed in chunks of any size."""
+
+    __slots__ = ("block_size", "crcs", "_crc", "_fill")
+
+    def __init__(self, block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.block_size = block_size
+        self.crcs: List[int] = []
+        self._crc = 0
+        self._fill = 0  # bytes of the current block seen so far
+
+    def update(self, chunk) -> None:
+        n = len(chunk)
+        if self._fill + n < self.block_size:  # the common case: no block boundary in the chunk
+            self._crc = zlib.crc32(chunk, self._crc)
+            self._fill += n
+            return
+        view, pos = memoryview(chunk), 0
+        while pos < n:
+            take = min(n - pos, self.block_size - self._fill)
+            self._crc = zlib.crc32(view[pos : pos + take], self._crc)
+            self._fill += take
+            pos += take
+            if self._fill == self.block_size:
+                self.crcs.append(self._crc)
+                self._crc = self._fill = 0
+
+    def finish(self) -> List[int]:
+        """The CRCs of all blocks, the last one possibly short."""
+        if self._fill:
+            self.crcs.append(self._crc)
+            self._crc = self._fill = 0
+        return self.crcs
+
+
+class CorruptCacheFile(FetchError):
+    """A disk-cache file failed verification or could not be read; `cache_path` names it.
+
+    Raised to the caller only when the shard cannot be read from the origin instead (the origin
+    failed, or its bytes differ from those already delivered from the cache file).
+    """
+
+    def __init__(
+        self, message: str, *, cache_path: str, url: Optional[str] = None, reason: str = "",
+        offset: Optional[int] = None,
+    ) -> None:
+        self.cache_path = cache_path
+        self.reason = reason or message
+        self.bad_offset = offset  # file offset of the first bad block (= bytes handed out before it)
+        self.source: Optional["VerifiedFile"] = None  # set by the reader that found the corruption
+        super().__init__(message, url=url)
+
+    def __reduce__(self):
+        return (_rebuild, (self.message, self.cache_path, self.url, self.reason, self.bad_offset))
+
+
+def _rebuild(message, cache_path, url, reason, offset):
+    return CorruptCacheFile(message, cache_path=cache_path, url=url, reason=reason, offset=offset)
+
+
+class VerifiedFile:
+    """A disk hit: an open committed file, read in blocks that are each checked against the
+    record before they are yielded (an open file survives eviction by unlink while we read).
+
+    `ident` is the file's (st_dev, st_ino): eviction after a failure removes the path only if it
+    still is this file, never a replacement another process committed meanwhile. After a failure
+    `close` keeps the file open until `release`, so that its inode number cannot be reused by a
+    replacement before that check.
+    """
+
+    def __init__(self, tier, path: str, f, record: ShardRecord, ident: Tuple[int, int], url: str) -> None:
+        self.tier, self.path, self.file, self.record, self.ident, self.url = tier, path, f, record, ident, url
+        self.held = False
+
+    @property
+    def size(self) -> int:
+        return self.record.size
+
+    def __iter__(self):
+        read, crc32 = self.file.read, zlib.crc32
+        size, block_size, crcs = self.record.size, self.record.block_size, self.record.crcs
+        offset = index = 0
+        while offset < size:
+            want = min(block_size, size - offset)
+            try:
+                block = read(want)
+            except OSError as exn:
+                raise self.failed(offset, f"read error: {exn}") from exn
+            if len(block) != want:
+                raise self.failed(offset, f"the file ends at byte {offset + len(block)}, {size} were recorded")
+            if crc32(block) != crcs[index]:  # type: ignore[index]
+                raise self.failed(offset, f"CRC-32 mismatch in bytes {offset}-{offset + want - 1}")
+            yield block
+            offset += want
+            index += 1
+
+    def failed(self, offset: int, reason: str) -> CorruptCacheFile:
+        exn = CorruptCacheFile(
+            f"corrupt cache file {self.path}: {reason}", cache_path=self.path, url=self.url, reason=reason,
+            offset=offset,
+        )
+        exn.source = self
+        self.held = True
+        return exn
+
+    def close(self) -> None:
+        if self.file is not None and not self.held:
+            self.file.close()
+            self.file = None
+            self.tier._reader_done(self.path)
+
+    def release(self) -> None:
+        """Close a file that `close` kept open after a failure."""
+        self.held = False
+        self.close()
+
+
+class Resume:
+    """Continue a shard whose cached copy failed after `delivered` bytes were handed out.
+
+    A re-read (from the origin, or from a copy another process cached meanwhile) starts at byte
+    0: `take` drops the first `delivered` bytes after checking them against the CRCs of the
+    blocks already handed out, so the consumer sees one seamless, correct stream, or an error
+    when the shard changed at the origin.
+    """
+
+    def __init__(self, failure: CorruptCacheFile) -> None:
+        record = failure.source.record  # type: ignore[union-attr]
+        self.failure = failure
+        self.left = failure.bad_offset or 0
+        self._expected = list(record.crcs[: self.left // record.block_size])  # type: ignore[index]
+        self._digest = BlockDigest(record.block_size)
+
+    def take(self, chunk):
+        """The part of `chunk` past the bytes already delivered (maybe empty)."""
+        n = len(chunk)
+        if n <= self.left:
+            self._digest.update(chunk)
+            self.left -= n
+            rest = b""
+        else:
+            self._digest.update(memoryview(chunk)[: self.left])
+            rest = chunk[self.left :]
+            self.left = 0
+        if not self.left:
+            self.check_done()
+        return rest
+
+    def check_done(self) -> None:
+        """Raise unless exactly the delivered bytes were seen again, unchanged."""
+        if self.left or self._digest.finish() != self._expected:
+            failure = self.failure
+            raise CorruptCacheFile(
+                f"corrupt cache file {failure.cache_path} ({failure.reason}) was evicted after {failure.bad_offset} "
+                "bytes of it had been delivered, and the shard read again differs in those bytes (did it change "
+                "at the origin?)",
+                cache_path=failure.cache_path, url=failure.url, reason=failure.reason, offset=failure.bad_offset,
+            )

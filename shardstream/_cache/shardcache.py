@@ -1,0 +1,337 @@
+"""The tiered shard cache: memory, then local disk, then the origin, with stream-through.
+
+`ShardCache.stream(url, open_origin)` yields a shard's bytes from the fastest tier holding it.
+On a miss the origin's chunks go to the consumer and into every tier's writer in one pass, so a
+first epoch with the cache on costs no extra read; a tier keeps the shard only when the origin
+ran to its end (an early close or an origin error discards the temp file). Across processes a
+disk tier's `claim` makes exactly one process download a shard while the others wait for it
+and then read the committed file.
+
+Disk hits are checked block by block as they are read (`_cachecheck`). A corrupt file is
+evicted under its URL's claim and the stream goes on from a fresh copy (the origin's, or one
+another process committed meanwhile), skipping the bytes already delivered once they are checked
+against those handed out: the consumer sees one correct stream or an error naming the file.
+
+The cache never decides what to fetch: the caller hands it `open_origin(url) -> Iterable[bytes]`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+
+from .check import CorruptCacheFile, Resume
+from .tiers import DiskTier, MemoryTier, TierCounters
+from .._base.errors import UsageError, redact_url
+
+__all__ = ["ShardCache", "cache_from_options"]
+
+logger = logging.getLogger(__name__)
+
+ORIGIN_FIELDS = ("fetches", "bytes_served", "errors")
+_MISS = object()  # no tier holds the shard
+_REREADS = 3  # copies tried in one stream before a corrupt one is an error (a failing disk)
+
+OpenOrigin = Callable[[str], Iterable[bytes]]
+
+
+def _close(obj) -> None:
+    close = getattr(obj, "close", None)
+    if close is not None:
+        close()
+
+
+class ShardCache:
+    """Tiers searched in order (typically `MemoryTier`, then `DiskTier`), then the origin.
+
+    Thread-safe; one instance may serve many shards at once. `stats()` reports every tier's
+    counters and the origin's.
+    """
+
+    def __init__(self, tiers: Sequence = ()) -> None:
+        self.tiers = tuple(tiers)
+        names = [tier.name for tier in self.tiers]
+        if len(set(names)) != len(names) or "origin" in names:
+            raise ValueError(f"cache tier names must be unique and not 'origin': {names}")
+        self.origin = TierCounters("origin", ORIGIN_FIELDS)
+
+    def stream(self, url: str, open_origin: OpenOrigin) -> Iterator[bytes]:
+        """Yield the bytes of `url` in chunks, from the first tier that has it, else the origin.
+
+        Disk-tier bytes are checked block by block before they are yielded. A cached file that
+        fails is evicted (WARNING naming it) and the stream goes on, seamlessly, from a fresh
+        copy: the origin's, or one another process has cached meanwhile.
+
+        Raises whatever `open_origin` or its iterator raises (after discarding partial writes);
+        `CorruptCacheFile` (naming the cache file) when a corrupt cached copy cannot be replaced.
+        Close the iterator to stop early; nothing partial is ever committed.
+        """
+        above: List = []
+        outcome = _MISS
+        for tier in self.tiers:
+            source = tier.lookup(url)
+            if source is not None:
+                outcome = yield from self._serve(url, tier, source, above)
+                break
+            above.append(tier)
+        for _ in range(_REREADS):
+            if outcome is None:
+                return
+            outcome = yield from self._claimed(url, open_origin, None if outcome is _MISS else outcome)
+        if outcome is not None:  # copy after copy fails: a failing disk, say
+            claims: Dict[str, object] = {}
+            try:
+                claims = self._claim(url)
+                self._evict(url, outcome, outcome.source.tier.name in claims)  # type: ignore[union-attr]
+            finally:
+                outcome.source.release()  # type: ignore[union-attr]
+                self._release(claims)
+            raise outcome
+
+    def _claim(self, url: str) -> Dict[str, object]:
+        """The claims of the shared tiers that grant one (waiting for other processes' downloads)."""
+        claims: Dict[str, object] = {}
+        try:
+            for tier in self.tiers:
+                if tier.shared:
+                    claim = tier.claim(url)
+                    if claim is not None:
+                        claims[tier.name] = claim
+        except BaseException:
+            self._release(claims)
+            raise
+        return claims
+
+    def _claimed(self, url: str, open_origin: OpenOrigin, failure: Optional[CorruptCacheFile]):
+        """Take the shared tiers' claims, then read a copy committed meanwhile or the origin
+        (written through). After a `failure`, evict the corrupt file first and skip the bytes
+        already delivered. Returns None when done, or the failure of another corrupt copy."""
+        resume = Resume(failure) if failure is not None and failure.bad_offset else None
+        claims: Dict[str, object] = {}
+        try:
+            claims = self._claim(url)
+            held = failure.source if failure is not None else None
+            if held is not None:
+                self._evict(url, failure, held.tier.name in claims)  # type: ignore[arg-type]
+            source, index = None, 0
+            for index, tier in enumerate(self.tiers):
+                if tier.shared:
+                    source = tier.lookup(url, repair=tier.name in claims)
+                    if source is not None and held is not None and source.ident == held.ident:
+                        source.close()  # the corrupt file itself (not evicted without the claim)
+                        source = None
+                    if source is not None:
+                        break
+            if held is not None:
+                held.release()  # the identity checks are done: the inode may be reused now
+            if source is not None:  # committed while we waited: let the others in, read it
+                self._release(claims)
+                return (yield from self._serve(url, self.tiers[index], source, self.tiers[:index], resume))
+            for tier in self.tiers:
+                tier.counters.add(misses=1)
+            self.origin.add(fetches=1)
+            try:
+                chunks = open_origin(url)
+            except Exception as exn:
+                self.origin.add(errors=1)
+                _raise_unreplaced(failure, exn)
+                raise
+            writers = []
+            for tier in self.tiers:
+                if not tier.shared or tier.name in claims:
+                    writer = tier.writer(url)
+                    if writer is not None:
+                        writers.append(writer)
+            try:
+                yield from self._pump(chunks, self.origin, writers, resume)
+            except CorruptCacheFile:
+                raise
+            except Exception as exn:
+                _raise_unreplaced(failure, exn)
+                raise
+            return None
+        finally:
+            if failure is not None:
+                failure.source.release()  # type: ignore[union-attr]
+            self._release(claims)  # after _pump committed: waiters then find the file
+
+    def _evict(self, url: str, failure: CorruptCacheFile, claimed: bool) -> None:
+        """Evict the corrupt file `failure` names if we may (we hold its URL's claim), and say so."""
+        source = failure.source
+        tier = source.tier  # type: ignore[union-attr]
+        where = f"cache file {failure.cache_path} failed verification ({failure.reason})"
+        if not claimed:
+            logger.warning("%s; not evicted (another download of the shard is in progress): reading %s from the origin",
+                           where, redact_url(url))
+        elif tier.discard_corrupt(source):
+            logger.warning("%s; evicted it, fetching %s again", where, redact_url(url))
+        else:
+            logger.warning("%s; another process already evicted or replaced it, reading %s again",
+                           where, redact_url(url))
+
+    def _serve(self, url: str, tier, source, above: Sequence, resume: Optional[Resume] = None):
+        """Yield a hit's bytes. Returns None when done, or the `CorruptCacheFile` that stopped it."""
+        tier.counters.add(hits=1)
+        for upper in above:
+            upper.counters.add(misses=1)
+        # Fill faster private tiers on the way (shared ones would need a claim: not worth it).
+        writers = [w for w in (t.writer(url, size_hint=source.size) for t in above if not t.shared) if w is not None]
+        try:
+            yield from self._pump(source, tier.counters, writers, resume)
+        except CorruptCacheFile as exn:
+            if exn.source is not source:
+                raise
+            tier.counters.add(corrupt=1)
+            return exn
+        return None
+
+    @staticmethod
+    def _pump(chunks: Iterable[bytes], counters: TierCounters, writers: List, resume: Optional[Resume] = None):
+        """Hand each chunk to every writer and to the consumer (after `resume` dropped what was
+        delivered before); commit only a complete stream."""
+        complete = False
+        iterator = iter(chunks)
+        try:
+            for chunk in iterator:
+                for writer in writers:
+                    writer.write(chunk)
+                counters.add(bytes_served=len(chunk))
+                if resume is not None and resume.left:
+                    chunk = resume.take(chunk)
+                    if not chunk:
+                        continue
+                yield chunk
+            if resume is not None and resume.left:
+                resume.check_done()  # the copy is shorter than what was delivered: raises
+            complete = True
+        except CorruptCacheFile:
+            raise
+        except Exception:
+            counters.add(errors=1)
+            raise
+        finally:
+            for writer in writers:
+                if complete:
+                    writer.commit()
+                else:
+                    writer.abort()
+            if iterator is not chunks:
+                _close(iterator)
+            _close(chunks)
+
+    @staticmethod
+    def _release(claims: Dict[str, object]) -> None:
+        while claims:
+            _, claim = claims.popitem()
+            claim.release()
+
+    def local_path(self, url: str) -> Optional[str]:
+        """The path of a committed copy of `url` in a disk tier (with a record of its size and
+        block CRCs), else None: tells whether `stream` will find the shard cached.
+
+        Its bytes are checked only when read through `stream`; whoever reads the path directly
+        gets no such check. The file may be evicted later (an open file survives eviction).
+        """
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier):
+                source = tier.lookup(url)
+                if source is not None:
+                    source.close()
+                    return source.path
+        return None
+
+    def disk_path(self, url: str) -> Optional[str]:
+        """Where the first disk tier keeps `url`, whether or not it holds it yet (webdataset's
+        `__local_path__` for a remote shard read through a cache), else None."""
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier):
+                return tier.path_for(url)
+        return None
+
+    def will_serve(self, url: str) -> bool:
+        """Whether `stream(url)` will read the shard from the cache rather than fetch it: a tier
+        holds a copy, or another process on the node is fetching it into a shared tier now (the
+        stream waits for that copy). A caller should open no origin stream ahead for such a shard:
+        that would fetch it a second time."""
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier):
+                source = tier.lookup(url)
+                if source is not None:
+                    source.close()
+                    return True
+                if tier.claimed_elsewhere(url):
+                    return True
+            elif url in tier:
+                return True
+        return False
+
+    def stats(self) -> Dict[str, Dict[str, int]]:
+        """Counters keyed by tier name, plus "origin" (fetches, bytes_served, errors)."""
+        snapshot = {tier.name: tier.counters.snapshot() for tier in self.tiers}
+        snapshot["origin"] = self.origin.snapshot()
+        return snapshot
+
+    def __getstate__(self):  # tiers pickle as configuration; counters restart in the new process
+        return {"tiers": self.tiers}
+
+    def __setstate__(self, state) -> None:
+        self.__init__(state["tiers"])
+
+
+def _raise_unreplaced(failure: Optional[CorruptCacheFile], exn: Exception) -> None:
+    """After a corrupt cached copy, an origin error is raised as one that names the cache file."""
+    if failure is not None:
+        raise CorruptCacheFile(
+            f"corrupt cache file {failure.cache_path} ({failure.reason}) was evicted, and reading the shard "
+            f"from the origin failed: {exn}",
+            cache_path=failure.cache_path, url=failure.url, reason=failure.reason, offset=failure.bad_offset,
+        ) from exn
+
+
+def _env_size(text: str) -> int:
+    try:
+        return int(float(text))  # webdataset takes int(); "1e9" is friendlier and harmless
+    except ValueError:
+        raise UsageError(f"WDS_CACHE_SIZE must be a number of bytes, got {text!r}") from None
+
+
+def cache_from_options(
+    cache_dir: Optional[str] = None,
+    cache_size: float = -1,
+    memory_bytes: int = 0,
+    *,
+    environ: Optional[Mapping[str, str]] = None,
+    **disk_options,
+) -> Optional[ShardCache]:
+    """Map webdataset's `cache_dir` / `cache_size` (and `WDS_CACHE` / `WDS_CACHE_SIZE`) onto tiers.
+
+    As in webdataset 1.0.2's `WebDataset`: the environment variables override the arguments;
+    the directory is `~`-expanded and must exist; no directory or a size of 0 means no disk
+    cache; a negative size means no bound; a positive size is the byte bound (LRU eviction).
+
+    Args:
+        memory_bytes: also keep shards of at most this many bytes in a memory LRU (0: off).
+        environ: the environment to read (default `os.environ`).
+        disk_options: passed to `DiskTier` (lock_timeout, stall_timeout, ...).
+
+    Returns:
+        A `ShardCache`, or None when no tier is asked for (stream straight from the origin).
+
+    Raises:
+        UsageError: the directory does not exist, or WDS_CACHE_SIZE is not a number.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("WDS_CACHE"):
+        cache_dir = env["WDS_CACHE"]
+    if env.get("WDS_CACHE_SIZE"):
+        cache_size = _env_size(env["WDS_CACHE_SIZE"])
+    tiers: List = []
+    if memory_bytes and memory_bytes > 0:
+        tiers.append(MemoryTier(memory_bytes))
+    if cache_dir is not None and int(cache_size) != 0:
+        cache_dir = os.path.expanduser(os.fspath(cache_dir))
+        if not os.path.isdir(cache_dir):
+            raise UsageError(f"cache directory {cache_dir} does not exist")
+        tiers.append(DiskTier(cache_dir, int(cache_size) if cache_size > 0 else None, **disk_options))
+    return ShardCache(tiers) if tiers else None

@@ -1,0 +1,667 @@
+"""Cache tiers: a byte-bounded in-memory LRU and a node-shared, byte-bounded on-disk LRU.
+
+Each tier is a small named strategy with thread-safe counters (the fsspec `caching.py` habit).
+A tier answers `lookup(url)` with a source of byte chunks or None, and hands out `writer(url)`s
+that are committed only when a shard arrived whole. Node-shared tiers (`shared = True`) also
+hand out `claim(url)`s: a per-URL lock across processes, so one process downloads a shard while
+the others wait for it. `ShardCache` (in `_shardcache`) searches tiers in order and streams
+misses through them; the tiers never decide what to fetch.
+
+Disk layout of a `DiskTier` (one directory, so every rename is atomic):
+
+    <digest>-<basename>                       committed shard bytes (exactly the origin's bytes)
+    .<digest>-<basename>.meta                 sidecar: size, URL digest, CRC-32 per block (`_cachecheck`)
+    .<name>.<host>.<pid>.<random>.tmp         a write in progress (or left by a dead process)
+    .locks/<digest>-<basename>, .locks/.evict flock files (never deleted: see `claim`)
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import re
+import secrets
+import socket
+import stat
+import threading
+import time
+from collections import OrderedDict
+from typing import Dict, Iterator, List, Optional, Tuple
+from urllib.parse import urlparse
+
+from filelock import FileLock, Timeout
+
+from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
+
+__all__ = ["DiskTier", "MemoryTier", "TierCounters", "cache_file_name"]
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SIZE = 1 << 20
+TIER_FIELDS = (
+    "hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "corrupt", "discarded", "errors",
+    "bypassed",
+)
+
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})\.tmp$")
+
+
+def _pipe_url(spec: str) -> str:
+    """For `pipe:curl ... URL` specs, the URL inside (so naming matches `cache.pipe_cleaner`)."""
+    if spec.startswith("pipe:"):
+        for word in spec[5:].split(" "):
+            if re.match("^(https?|hdfs|gs|ais|s3):", word):
+                return word
+    return spec
+
+
+def cache_file_name(url: str) -> str:
+    """The cache file name of `url`: a digest of the whole URL, then its basename for humans.
+
+    Same scheme as `cache.url_to_cache_path`, so two URLs with one basename never collide and a
+    name never starts with "." (hidden names are the cache's own bookkeeping).
+    """
+    url = _pipe_url(url)
+    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    base = os.path.basename(urlparse(url).path) or "shard"
+    return f"{digest}-{re.sub(r'[^A-Za-z0-9._+-]', '_', base)[-80:]}"
+
+
+def _url_digest(url: str) -> str:
+    return hashlib.sha256(_pipe_url(url).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    """False only when `pid` surely is gone on this host (dead, or a zombie nobody reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, someone else's
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return True
+    end = text.rfind(b")")  # the command name may itself hold ") "
+    return text[end + 2 : end + 3] != b"Z"
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _file_lock(path: str) -> FileLock:
+    # Not thread-local: a generator may be resumed (and closed) by a thread other than the one
+    # that took the lock, and a thread-local lock would then silently fail to release.
+    try:
+        return FileLock(path, thread_local=False)
+    except TypeError:  # filelock < 3.10 has no thread-local context at all
+        return FileLock(path)
+
+
+class TierCounters:
+    """Thread-safe event counters of one tier (hits, misses, bytes served and written, ...)."""
+
+    def __init__(self, name: str, fields: Tuple[str, ...] = TIER_FIELDS) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._counts: Dict[str, int] = dict.fromkeys(fields, 0)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for field, n in counts.items():
+                self._counts[field] = self._counts.get(field, 0) + n
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def __reduce__(self):  # counts are per process: a pickled copy starts from zero
+        return (TierCounters, (self.name, tuple(self._counts)))
+
+
+class _ChunkSource:
+    """A memory hit: the chunks exactly as they were stored (no copies)."""
+
+    def __init__(self, chunks: Tuple[bytes, ...], size: int) -> None:
+        self.chunks = chunks
+        self.size = size
+        self.path: Optional[str] = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.chunks)
+
+    def close(self) -> None:
+        pass
+
+
+class _MemoryWriter:
+    """Collects a shard's chunks; gives up (keeps nothing) once it outgrows the tier."""
+
+    def __init__(self, tier: "MemoryTier", url: str) -> None:
+        self.tier, self.url = tier, url
+        self.chunks: List[bytes] = []
+        self.size = 0
+        self.live = True
+
+    def write(self, chunk: bytes) -> None:
+        if self.live:
+            self.size += len(chunk)
+            if self.size > self.tier.max_bytes:
+                self.abort()
+            else:
+                self.chunks.append(chunk if type(chunk) is bytes else bytes(chunk))
+
+    def commit(self) -> bool:
+        live, self.live = self.live, False
+        return live and self.tier.put(self.url, self.chunks)
+
+    def abort(self) -> None:
+        if self.live:
+            self.live = False
+            self.chunks = []
+            self.tier.counters.add(discarded=1)
+
+
+class MemoryTier:
+    """A byte-bounded LRU of whole shards in this process's memory (opt-in).
+
+    Only shards of at most `max_bytes` are kept; `max_bytes=0` keeps nothing.
+    """
+
+    shared = False
+
+    def __init__(self, max_bytes: int, *, name: str = "memory") -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self.name = name
+        self.counters = TierCounters(name)
+        self._lock = threading.Lock()
+        self._entries: "OrderedDict[str, Tuple[Tuple[bytes, ...], int]]" = OrderedDict()
+        self._nbytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, url: str) -> bool:
+        return url in self._entries
+
+    def lookup(self, url: str, *, repair: bool = False) -> Optional[_ChunkSource]:
+        """The shard's chunks if held (and mark it most recently used), else None."""
+        with self._lock:
+            entry = self._entries.get(url)
+            if entry is None:
+                return None
+            self._entries.move_to_end(url)
+        return _ChunkSource(*entry)
+
+    def writer(self, url: str, size_hint: Optional[int] = None) -> Optional[_MemoryWriter]:
+        """A writer collecting `url`'s chunks, or None when the shard cannot fit."""
+        if self.max_bytes <= 0 or (size_hint is not None and size_hint > self.max_bytes):
+            return None
+        return _MemoryWriter(self, url)
+
+    def put(self, url: str, chunks) -> bool:
+        """Keep a whole shard (bytes or a sequence of chunks), evicting least recently used ones."""
+        chunks = (chunks,) if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks
+        chunks = tuple(c if type(c) is bytes else bytes(c) for c in chunks)
+        size = sum(len(c) for c in chunks)
+        if self.max_bytes <= 0 or size > self.max_bytes:
+            return False
+        evicted = 0
+        with self._lock:
+            old = self._entries.pop(url, None)
+            if old is not None:
+                self._nbytes -= old[1]
+            while self._entries and self._nbytes + size > self.max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._nbytes -= dropped
+                evicted += 1
+            self._entries[url] = (chunks, size)
+            self._nbytes += size
+        self.counters.add(bytes_written=size, evictions=evicted)
+        return True
+
+    def discard(self, url: str) -> bool:
+        with self._lock:
+            entry = self._entries.pop(url, None)
+            if entry is not None:
+                self._nbytes -= entry[1]
+        return entry is not None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._nbytes = 0
+
+    def __getstate__(self):  # contents stay in this process; a pickled tier starts empty
+        return {"max_bytes": self.max_bytes, "name": self.name}
+
+    def __setstate__(self, state) -> None:
+        self.__init__(state["max_bytes"], name=state["name"])
+
+
+class _DiskWriter:
+    """Writes a shard to a private temp file; `commit` renames it into place, `abort` deletes it."""
+
+    def __init__(self, tier: "DiskTier", url: str, temp: str, f) -> None:
+        self.tier, self.url, self.temp, self.file = tier, url, temp, f
+        self.size = 0
+        self.live = True
+        self.digest = BlockDigest(tier.chunk_size)  # computed from the chunks as they are written
+
+    def write(self, chunk: bytes) -> None:
+        if not self.live:
+            return
+        self.size += len(chunk)
+        if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
+            self.abort()  # can never fit: stop paying for the copy
+            return
+        try:
+            self.file.write(chunk)
+        except OSError as exn:  # a full or broken cache disk must not fail the read
+            logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
+            self.tier.counters.add(errors=1)
+            self.abort()
+            return
+        self.digest.update(chunk)
+
+    def commit(self) -> bool:
+        if not self.live:
+            return False
+        self.live = False
+        try:
+            self.file.close()
+        except OSError as exn:
+            logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
+            self.tier.counters.add(errors=1, discarded=1)
+            _unlink(self.temp)
+            return False
+        return self.tier._commit(self.url, self.temp, self.size, self.digest)
+
+    def abort(self) -> None:
+        if self.live:
+            self.live = False
+            try:
+                self.file.close()
+            except OSError:
+                pass
+            _unlink(self.temp)
+            self.tier.counters.add(discarded=1)
+
+
+class _Claim:
+    """The right to fetch one URL into a disk tier; `release` lets waiting processes in."""
+
+    def __init__(self, tier: "DiskTier", url: str, lock: FileLock) -> None:
+        self.tier, self.url, self.lock = tier, url, lock
+
+    def release(self) -> None:
+        if self.lock is not None:
+            lock, self.lock = self.lock, None
+            lock.release()
+            self.tier._claim_done(self.url)
+
+
+class DiskTier:
+    """Committed whole shards in a directory shared by all processes on a node.
+
+    Args:
+        cache_dir: the directory (created if missing); the cache owns every file in it.
+        max_bytes: bound on committed bytes, kept by LRU eviction (by mtime; hits touch); None
+            for no bound. A shard larger than the bound is streamed but never kept.
+        lock_timeout: longest wait for another process's download of the same URL, in seconds;
+            after it the shard is streamed from the origin without caching.
+        stall_timeout: give up waiting sooner when the other process's temp file has not grown
+            for this long (a stuck holder, e.g. a training loop waiting on us); None disables.
+        chunk_size: the block size of the CRC-32s recorded for new files, and so the read size
+            when serving hits (every block is checked before it is handed out).
+    """
+
+    shared = True
+
+    def __init__(
+        self,
+        cache_dir: str,
+        max_bytes: Optional[int] = None,
+        *,
+        name: str = "disk",
+        lock_timeout: float = 600.0,
+        stall_timeout: Optional[float] = 120.0,
+        chunk_size: int = CHUNK_SIZE,
+        poll_interval: float = 0.05,
+    ) -> None:
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0 or None, got {max_bytes}")
+        self.cache_dir = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
+        self.name = name
+        self.lock_timeout = lock_timeout
+        self.stall_timeout = stall_timeout
+        self.chunk_size = chunk_size
+        self.poll_interval = poll_interval
+        self.counters = TierCounters(name)
+        self._lock_dir = os.path.join(self.cache_dir, ".locks")
+        os.makedirs(self._lock_dir, exist_ok=True)
+        self._pid = -1
+        self._local()
+        self.cleanup()
+
+    def _local(self) -> threading.Lock:
+        # After a fork the parent's in-flight claims and readers are not ours, and its locks may
+        # have been copied while held: start afresh in the child.
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._mutex = threading.Lock()
+            self._commit_mutex = threading.Lock()
+            self._writing: set = set()
+            self._readers: Dict[str, int] = {}
+        return self._mutex
+
+    def path_for(self, url: str) -> str:
+        """Where `url` is (or would be) committed."""
+        return os.path.join(self.cache_dir, cache_file_name(url))
+
+    @staticmethod
+    def _meta_path(path: str) -> str:
+        head, base = os.path.split(path)
+        return os.path.join(head, f".{base}.meta")
+
+    def lookup(self, url: str, *, repair: bool = False) -> Optional[VerifiedFile]:
+        """An open committed copy of `url` (marked recently used) that checks each block as it
+        is read, else None.
+
+        A file without a record of its size and block CRCs (e.g. written by an earlier version)
+        or whose size differs from the record is never served; with `repair` (the caller holds
+        `claim(url)`) it is also deleted.
+        """
+        path = self.path_for(url)
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return None
+        except OSError as exn:
+            logger.warning("cannot open cached shard %s: %s", path, exn)
+            self.counters.add(errors=1)
+            return None
+        try:
+            st = os.fstat(f.fileno())
+            record = read_record(self._meta_path(path))
+        except BaseException:
+            f.close()
+            raise
+        if record is None or not record.verifiable(st.st_size, _url_digest(url)):
+            f.close()
+            if repair:
+                self.counters.add(invalid=1)
+                if record is not None and record.crcs is None:
+                    logger.info("cached shard %s has no recorded digest (an older cache): fetching it again", path)
+                else:
+                    logger.warning("discarding invalid cached shard %s", path)
+                self._remove(path)
+            return None
+        self._touch(path)
+        with self._local():
+            self._readers[path] = self._readers.get(path, 0) + 1
+        return VerifiedFile(self, path, f, record, (st.st_dev, st.st_ino), url)
+
+    def discard_corrupt(self, source: VerifiedFile) -> bool:
+        """Delete the committed file that `source` found corrupt, if the path still holds that
+        very file (call while holding `claim(url)`, so no commit can race with the check).
+
+        False when another process already removed or replaced it: a replacement is never
+        deleted on the strength of a failure found in its predecessor.
+        """
+        try:
+            st = os.stat(source.path)
+        except FileNotFoundError:
+            return False
+        if (st.st_dev, st.st_ino) != source.ident:
+            return False
+        self._remove(source.path)
+        return True
+
+    def _reader_done(self, path: str) -> None:
+        with self._local():
+            n = self._readers.pop(path, 1) - 1
+            if n > 0:
+                self._readers[path] = n
+
+    def claim(self, url: str) -> Optional[_Claim]:
+        """Wait for the node-wide right to fetch `url` into this tier.
+
+        None means "do not write this tier": this process is already fetching the URL (waiting
+        on ourselves could deadlock a consumer that interleaves two streams), or the wait timed
+        out or stalled. Lock files are never deleted: unlinking a flock file while others wait on
+        it would let two processes hold "the" lock at once.
+        """
+        mutex = self._local()
+        with mutex:
+            if url in self._writing:
+                self.counters.add(bypassed=1)
+                return None
+            self._writing.add(url)
+        name = cache_file_name(url)
+        lock = _file_lock(os.path.join(self._lock_dir, name))
+        try:
+            acquired = self._acquire(lock, name)
+        except BaseException:
+            self._claim_done(url)
+            raise
+        if not acquired:
+            self._claim_done(url)
+            self.counters.add(bypassed=1)
+            logger.warning("gave up waiting for another process to cache %s; streaming it uncached", name)
+            return None
+        return _Claim(self, url, lock)
+
+    def claimed_elsewhere(self, url: str) -> bool:
+        """Whether another process holds `claim(url)` now, i.e. is fetching `url` into this tier
+        (or re-fetching it after finding its file corrupt)."""
+        with self._local():
+            if url in self._writing:  # our own claim: a second stream of ours bypasses the tier
+                return False
+        lock = _file_lock(os.path.join(self._lock_dir, cache_file_name(url)))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return True
+        lock.release()
+        return False
+
+    def _claim_done(self, url: str) -> None:
+        with self._local():
+            self._writing.discard(url)
+
+    def _acquire(self, lock: FileLock, name: str) -> bool:
+        start = last_change = time.monotonic()
+        progress = None
+        while True:
+            # Wake up now and then to check the deadline and whether the holder still makes progress.
+            step = min(1.0, self.lock_timeout - (time.monotonic() - start))
+            if self.stall_timeout is not None:
+                step = min(step, self.stall_timeout / 4)
+            try:
+                lock.acquire(timeout=max(0.0, step), poll_interval=self.poll_interval)
+                return True
+            except Timeout:
+                pass
+            now = time.monotonic()
+            if now - start >= self.lock_timeout:
+                return False
+            if self.stall_timeout is not None:
+                seen = self._temp_progress(name)
+                if seen != progress:
+                    progress, last_change = seen, now
+                elif now - last_change >= self.stall_timeout:
+                    return False
+
+    def _temp_progress(self, name: str) -> List[Tuple[str, int]]:
+        pattern = os.path.join(glob.escape(self.cache_dir), glob.escape(f".{name}") + ".*.tmp")
+        seen = []
+        for path in glob.glob(pattern):
+            try:
+                seen.append((path, os.stat(path).st_size))
+            except OSError:
+                pass
+        return sorted(seen)
+
+    def writer(self, url: str, size_hint: Optional[int] = None) -> Optional[_DiskWriter]:
+        """A temp-file writer for `url` (call while holding `claim(url)`), or None."""
+        if self.max_bytes is not None and size_hint is not None and size_hint > self.max_bytes:
+            return None
+        name = cache_file_name(url)
+        temp = os.path.join(self.cache_dir, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exn:
+            logger.warning("cannot create cache temp file %s: %s", temp, exn)
+            self.counters.add(errors=1)
+            return None
+        return _DiskWriter(self, url, temp, os.fdopen(fd, "wb"))
+
+    def _commit(self, url: str, temp: str, size: int, digest: BlockDigest) -> bool:
+        path = self.path_for(url)
+        meta = self._meta_path(path)
+        meta_temp = f"{meta}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            self._local()
+            with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
+                timeout=self.lock_timeout, poll_interval=self.poll_interval
+            ):
+                self._scan(reserve=size, replacing=path)
+                with open(meta_temp, "w") as f:
+                    write_record(f, size, _url_digest(url), digest.block_size, digest.finish())
+                # Sidecar first: a crash in between leaves an orphan sidecar, never a shard without
+                # its record (a reader that pairs a new record with the file it replaces finds the
+                # mismatch block by block, like any corruption).
+                os.replace(meta_temp, meta)
+                os.replace(temp, path)
+                self._touch(path)
+        except (OSError, Timeout) as exn:
+            logger.warning("cannot commit cached shard %s: %s", path, exn)
+            self.counters.add(errors=1, discarded=1)
+            _unlink(temp)
+            _unlink(meta_temp)
+            return False
+        self.counters.add(bytes_written=size)
+        return True
+
+    def cleanup(self) -> None:
+        """Delete temp files of dead processes on this host and orphan sidecars; enforce the bound."""
+        try:
+            self._local()
+            with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
+                timeout=self.lock_timeout, poll_interval=self.poll_interval
+            ):
+                self._scan()
+        except (OSError, Timeout) as exn:
+            logger.warning("cache cleanup of %s failed: %s", self.cache_dir, exn)
+
+    def _scan(self, reserve: int = 0, replacing: Optional[str] = None) -> None:
+        """One pass over the directory (caller holds the evict lock): clean up, then evict LRU."""
+        files: List[Tuple[int, str, int]] = []  # (mtime_ns, path, size) of committed shards
+        sidecars = []
+        with os.scandir(self.cache_dir) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    temp = _TEMP.match(entry.name)
+                    if temp is not None:
+                        # Only this host's pids can be checked; a live pid's write is in progress.
+                        if temp["host"] == _HOST and not _pid_alive(int(temp["pid"])):
+                            _unlink(entry.path)
+                    elif entry.name.endswith(".meta"):
+                        sidecars.append(entry)
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and entry.path != replacing:
+                    files.append((st.st_mtime_ns, entry.path, st.st_size))
+        names = {os.path.basename(p) for _, p, _ in files}
+        names.add(os.path.basename(replacing or ""))
+        for entry in sidecars:
+            if entry.name[1:-5] not in names:
+                _unlink(entry.path)
+        if self.max_bytes is None:
+            return
+        total = reserve + sum(size for _, _, size in files)
+        files.sort()
+        with self._local():
+            busy = set(self._readers)
+        evicted = 0
+        # Files this process is reading go last (unlinking them is safe, but frees nothing yet).
+        for want_busy in (False, True):
+            for _, path, size in files:
+                if total <= self.max_bytes:
+                    break
+                if (path in busy) == want_busy:
+                    self._remove(path)
+                    total -= size
+                    evicted += 1
+        self.counters.add(evictions=evicted)
+
+    def _remove(self, path: str) -> None:
+        _unlink(path)
+        _unlink(self._meta_path(path))
+
+    def record(self, url: str) -> Optional[ShardRecord]:
+        """The sidecar record of `url`'s committed file, if any (not checked against the file)."""
+        return read_record(self._meta_path(self.path_for(url)))
+
+    @staticmethod
+    def _touch(path: str) -> None:
+        # Explicit nanoseconds: coarse filesystem clocks would otherwise tie recent uses.
+        now = time.time_ns()
+        try:
+            os.utime(path, ns=(now, now))
+        except PermissionError:  # someone else's file: "now" needs only write access
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+        except OSError:
+            pass
+
+    def committed_bytes(self) -> int:
+        """Total size of the committed shards in the directory."""
+        total = 0
+        with os.scandir(self.cache_dir) as entries:
+            for entry in entries:
+                if not entry.name.startswith("."):
+                    try:
+                        if entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:
+                        pass
+        return total
+
+    def __getstate__(self):  # configuration only: locks, readers and counters are per process
+        return {
+            "cache_dir": self.cache_dir,
+            "max_bytes": self.max_bytes,
+            "name": self.name,
+            "lock_timeout": self.lock_timeout,
+            "stall_timeout": self.stall_timeout,
+            "chunk_size": self.chunk_size,
+            "poll_interval": self.poll_interval,
+        }
+
+    def __setstate__(self, state) -> None:
+        state = dict(state)
+        self.__init__(state.pop("cache_dir"), state.pop("max_bytes"), **state)

@@ -1,0 +1,460 @@
+"""Per-sample decoding with webdataset's handler chains (`Decoder`, `Continue`, basic handlers).
+
+A Decoder runs `pre + handlers + post` on every field; the first handler that returns something
+other than None wins, and a `Continue` hands a new (key, data) to the handlers after it. Results
+are those of webdataset 1.0.2's `autodecode`; the work per field is less: the handlers that
+cannot match a field name (image handlers, `handle_extension` handlers, `basichandlers`,
+`gzfilter`) are dropped once per field name instead of being asked for every sample.
+
+Safety divergence: unpickling (`pyd`, `pickle`, `pkl`) and `torch.load` (`pth`) run code from
+the data, so they are refused with a UsageError unless enabled by `allow_pickle()`, the
+environment variable SHARDSTREAM_ALLOW_PICKLE=1, or `Decoder(..., allow_pickle=True)`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import gzip
+import io
+import json
+import logging
+import os
+import pickle
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from . import tenbin as _tenbin
+from .audio import AudioHandler
+from .._base.errors import ShardStreamError, UsageError
+from .fusedimage import FusedImageHandler
+from .image import (
+    IMAGE_EXTENSIONS,
+    ImageHandler,
+    imagehandler,
+    imagespecs,
+    last_extension,
+)
+from .torchmedia import torch_audio, torch_video
+from .._base.redact import redact
+from .._base.security import enforced
+from .video import VideoHandler
+
+__all__ = [
+    "Continue",
+    "Decoder",
+    "DecodingError",
+    "IMAGE_EXTENSIONS",
+    "ImageHandler",
+    "allow_pickle",
+    "basichandlers",
+    "call_extension_handler",
+    "cbor_loads",
+    "check_pickle_allowed",
+    "decoders",
+    "default_decoder",
+    "default_post_handlers",
+    "default_pre_handlers",
+    "gzfilter",
+    "handle_extension",
+    "imagehandler",
+    "imagespecs",
+    "msgpack_loads",
+    "npy_loads",
+    "npz_loads",
+    "pickle_allowed",
+    "pytorch_weights_only",
+    "tenbin_loads",
+    "torch_audio",
+    "torch_loads",
+    "torch_video",
+    "unpickle_loads",
+]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, Any], Any]
+
+# torch.load(weights_only=True) cannot run code, so it needs no pickle opt-in.
+pytorch_weights_only = os.environ.get("WDS_PYTORCH_WEIGHTS_ONLY", "0") == "1"
+
+# --- the pickle switch: the only place that decides whether data may be unpickled -------------
+
+_PICKLE_ENV = "SHARDSTREAM_ALLOW_PICKLE"
+_pickle_switch: Optional[bool] = None  # set by allow_pickle(); None defers to the environment
+# Set by a Decoder built with allow_pickle=...; a context variable so that decoders running on
+# different threads do not see each other's choice.
+_pickle_override: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
+    "shardstream_pickle_override", default=None
+)
+
+
+def allow_pickle(enabled: Optional[bool] = True) -> Optional[bool]:
+    """Allow (or forbid) unpickling of `pyd`/`pickle`/`pkl` and `torch.load` of `pth` fields.
+
+    Args:
+        enabled: True to allow, False to forbid, None to go back to the environment variable
+            SHARDSTREAM_ALLOW_PICKLE.
+
+    Returns:
+        The previous setting, so that a caller can restore it.
+    """
+    global _pickle_switch
+    previous, _pickle_switch = _pickle_switch, enabled
+    return previous
+
+
+def pickle_allowed() -> bool:
+    """True when unpickling is enabled: by the current Decoder, by allow_pickle(), or the env."""
+    override = _pickle_override.get()
+    if override is not None:
+        return override
+    if _pickle_switch is not None:
+        return _pickle_switch
+    return os.environ.get(_PICKLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_pickle_allowed(what: str) -> None:
+    """Raise UsageError, saying how to enable it, unless unpickling is allowed.
+
+    Args:
+        what: what was about to be unpickled, for the message (e.g. "a .pyd field").
+    """
+    if not pickle_allowed():
+        raise UsageError(
+            f"unpickling is disabled ({what}): pickle data can run arbitrary code. If you trust "
+            f"the data, enable it with shardstream.allow_pickle(True), {_PICKLE_ENV}=1, or "
+            "Decoder(..., allow_pickle=True) / .decode(..., allow_pickle=True)"
+        )
+
+
+# --- basic decoders ------------------------------------------------------------------------------
+
+
+def torch_loads(data: bytes) -> Any:
+    """torch.load the bytes on the CPU (refused unless pickle is allowed or weights_only is set)."""
+    if enforced():  # webdataset refuses even a weights-only load under enforce_security
+        raise UsageError("torch.loads is not allowed for security reasons when enforce_security is set.")
+    if not pytorch_weights_only:
+        check_pickle_allowed("a .pth field with torch.load")
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=pytorch_weights_only, map_location="cpu")
+
+
+def unpickle_loads(data: bytes) -> Any:
+    """pickle.loads the bytes (refused unless pickle is allowed)."""
+    if enforced():
+        raise UsageError("Unpickling is not allowed for security reasons when enforce_security is set.")
+    check_pickle_allowed("a pickle field")
+    return pickle.loads(data)
+
+
+def tenbin_loads(data: bytes) -> List[np.ndarray]:
+    """Decode tenbin (`.ten`) bytes into a list of arrays."""
+    return _tenbin.decode_buffer(data)
+
+
+def msgpack_loads(data: bytes) -> Any:
+    """Decode msgpack bytes."""
+    import msgpack
+
+    return msgpack.unpackb(data)
+
+
+def npy_loads(data: bytes) -> np.ndarray:
+    """Decode `.npy` bytes (object arrays are refused, as numpy does by default)."""
+    return np.lib.format.read_array(io.BytesIO(data))
+
+
+def npz_loads(data: bytes) -> Dict[str, np.ndarray]:
+    """Decode `.npz` bytes into a dict of arrays."""
+    return dict(np.load(io.BytesIO(data)))
+
+
+def cbor_loads(data: bytes) -> Any:
+    """Decode CBOR bytes with `cbor` (webdataset's choice) or, when it is missing, `cbor2`."""
+    try:
+        import cbor  # type: ignore
+    except ImportError:
+        import cbor2 as cbor  # webdataset raises here; cbor2 is the maintained library
+    return cbor.loads(data)
+
+
+def _utf8(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+# The decoders of `basichandlers`, by last extension. A module-level dict, like webdataset's, so
+# that code adding entries to it keeps working; it is looked up per field, never cached.
+decoders: Dict[str, Callable[[bytes], Any]] = {
+    "txt": _utf8,
+    "text": _utf8,
+    "transcript": _utf8,
+    "cls": int,
+    "cls2": int,
+    "index": int,
+    "inx": int,
+    "id": int,
+    "json": json.loads,
+    "jsn": json.loads,
+    "pkl": unpickle_loads,
+    "pickle": unpickle_loads,
+    "pyd": unpickle_loads,
+    "pth": torch_loads,
+    "ten": tenbin_loads,
+    "tb": tenbin_loads,
+    "mp": msgpack_loads,
+    "msg": msgpack_loads,
+    "npy": npy_loads,
+    "npz": npz_loads,
+    "cbor": cbor_loads,
+}
+
+
+def basichandlers(key: str, data: bytes) -> Any:
+    """Decode text, ints, json, npy/npz, msgpack, cbor, tenbin, pickle and pth by extension."""
+    decoder = decoders.get(last_extension(key))
+    return None if decoder is None else decoder(data)
+
+
+# --- extension handlers, Continue, gzfilter --------------------------------------------------------
+
+
+def _matches(key: str, targets: Iterable[Tuple[str, ...]]) -> bool:
+    parts = key.lower().split(".")
+    return any(len(t) <= len(parts) and tuple(parts[-len(t) :]) == t for t in targets)
+
+
+def call_extension_handler(key: str, data: bytes, f: Callable, extensions: Iterable[str]) -> Any:
+    """Return f(data) when `key` ends with one of `extensions` (dotted, case-insensitive)."""
+    return f(data) if _matches(key, [tuple(e.split(".")) for e in extensions]) else None
+
+
+class _ExtensionHandler:
+    """What `handle_extension` returns: a handler that knows its extensions."""
+
+    def __init__(self, extensions: str, f: Callable[[bytes], Any]) -> None:
+        self.extensions = extensions.lower().split()
+        self.f = f
+        self._targets = [tuple(e.split(".")) for e in self.extensions]
+
+    def accepts(self, key: str) -> bool:
+        return _matches(key, self._targets)
+
+    def __call__(self, key: str, data: bytes) -> Any:
+        return self.f(data) if _matches(key, self._targets) else None
+
+    def __repr__(self) -> str:
+        return f"handle_extension({' '.join(self.extensions)!r}, {self.f!r})"
+
+
+def handle_extension(extensions: str, f: Callable[[bytes], Any]) -> Handler:
+    """Make a handler calling f(data) for keys ending with any of the space-separated extensions.
+
+    An extension may hold dots ("seg.jpg" matches "x.seg.jpg" but not "x.jpg"); case is ignored.
+    """
+    return _ExtensionHandler(extensions, f)
+
+
+class Continue:
+    """Returned by a handler to pass a new (key, data) on to the handlers after it."""
+
+    def __init__(self, key: str, data: Any) -> None:
+        self.key, self.data = key, data
+
+
+def gzfilter(key: str, data: bytes) -> Optional[Continue]:
+    """Decompress `.gz` fields and continue decoding them under the key without `.gz`."""
+    if not key.endswith(".gz"):
+        return None
+    return Continue(key[:-3], gzip.decompress(data))
+
+
+default_pre_handlers: List[Handler] = [gzfilter]
+default_post_handlers: List[Handler] = [basichandlers]
+
+
+# Handler classes whose `accepts(key)` says exactly which fields they may decode.
+_OWN_HANDLERS = (ImageHandler, _ExtensionHandler, FusedImageHandler, VideoHandler, AudioHandler)
+
+
+def _may_match(handler: Handler, key: str) -> bool:
+    # Only handlers whose matching rule we own can be skipped; any other callable must be asked.
+    if handler is basichandlers:
+        return True  # `decoders` may change at run time, so never skip it
+    if handler is gzfilter:
+        return key.endswith(".gz")
+    if type(handler) in _OWN_HANDLERS:
+        return handler.accepts(key)
+    return True
+
+
+# --- the Decoder ---------------------------------------------------------------------------------
+
+_MAX_PLANS = 4096  # distinct field names remembered per Decoder; more means odd data, start over
+
+
+class DecodingError(ShardStreamError):
+    """A field of a sample could not be decoded; the cause is chained as __cause__.
+
+    Attributes (as in webdataset): url, key (the sample's __key__), k (the field), sample; and
+    reason: what went wrong, from the cause (also in the message), or None.
+    """
+
+    def __init__(
+        self, url: Any = None, key: Any = None, k: Any = None, sample: Any = None, reason: Any = None
+    ) -> None:
+        self.key, self.k, self.sample, self.reason = key, k, sample, reason
+        member = f"{key}.{k}" if key is not None and k is not None else k
+        message = f"cannot decode field {k!r} of sample {key!r}"
+        super().__init__(
+            message if reason is None else f"{message}: {reason}",
+            url=None if url is None else str(url),
+            member=member,
+        )
+
+    def __reduce__(self):  # the sample can be large or unpicklable: leave it behind
+        return (DecodingError, (self.url, self.key, self.k, None, self.reason))
+
+
+def _reason(exn: BaseException, limit: int = 300) -> str:
+    """A decode error's cause in one short line, credentials redacted."""
+    text = redact(f"{type(exn).__name__}: {exn}").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Decoder:
+    """Decode samples with a chain of handlers: `pre + handlers + post`.
+
+    Args:
+        handlers: the main handlers, a list of callables (key, data) -> value or None.
+        pre: handlers run first (default: [gzfilter]).
+        post: handlers run last (default: [basichandlers]).
+        only: field names (list, set, or space-separated string) to decode; others pass through.
+        partial: pass values that are not bytes through instead of failing on them.
+        allow_pickle: when not None, allow or forbid unpickling while this decoder runs,
+            overriding allow_pickle() and SHARDSTREAM_ALLOW_PICKLE.
+    """
+
+    def __init__(
+        self,
+        handlers: List[Handler],
+        pre: Optional[List[Handler]] = None,
+        post: Optional[List[Handler]] = None,
+        only: Any = None,
+        partial: bool = False,
+        *,
+        allow_pickle: Optional[bool] = None,
+    ) -> None:
+        assert isinstance(handlers, list), f"handlers = {handlers} must be a list"
+        if isinstance(only, str):
+            only = only.split()
+        self.only = only if only is None else set(only)
+        pre = default_pre_handlers if pre is None else pre
+        post = default_post_handlers if post is None else post
+        assert all(callable(h) for h in handlers), f"one of {handlers} not callable"
+        assert all(callable(h) for h in pre), f"one of {pre} not callable"
+        assert all(callable(h) for h in post), f"one of {post} not callable"
+        self.handlers = list(pre) + handlers + list(post)
+        self.partial = partial
+        self.allow_pickle = allow_pickle
+        self._plans: Dict[str, Tuple[Tuple[int, Handler], ...]] = {}
+        self._planned_for = list(self.handlers)
+
+    def _refresh_plans(self) -> None:
+        # Someone may have edited self.handlers; then the cached plans no longer apply.
+        if self.handlers != self._planned_for:
+            self._plans = {}
+            self._planned_for = list(self.handlers)
+
+    def _plan(self, key: str) -> Tuple[Tuple[int, Handler], ...]:
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans = {}
+            plan = tuple((i, h) for i, h in enumerate(self._planned_for) if _may_match(h, key))
+            self._plans[key] = plan
+        return plan
+
+    def _decode_field(self, key: str, data: Any) -> Any:
+        start = 0  # after a Continue, only the handlers after the one that returned it run
+        while True:
+            for index, handler in self._plan(key):
+                if index < start:
+                    continue
+                result = handler(key, data)
+                if isinstance(result, Continue):
+                    key, data, start = result.key, result.data, index + 1
+                    break
+                if result is not None:
+                    return result
+            else:
+                return data
+
+    def decode1(self, key: str, data: Any) -> Any:
+        """Decode one field named `key` (without the leading dot)."""
+        self._refresh_plans()
+        token = None if self.allow_pickle is None else _pickle_override.set(self.allow_pickle)
+        try:
+            return self._decode_field("." + key, data)
+        finally:
+            if token is not None:
+                _pickle_override.reset(token)
+
+    def decode(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        """Decode all fields of a sample into a new dict.
+
+        Raises:
+            DecodingError: a field failed to decode (the cause is chained).
+            UsageError: a refused operation (e.g. unpickling), with the field as location.
+        """
+        assert isinstance(sample, dict), sample
+        self._refresh_plans()
+        token = None if self.allow_pickle is None else _pickle_override.set(self.allow_pickle)
+        try:
+            return self._decode_sample(sample)
+        finally:
+            if token is not None:
+                _pickle_override.reset(token)
+
+    def _decode_sample(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        result = {}
+        only, partial = self.only, self.partial
+        for k, v in list(sample.items()):
+            try:
+                if k[:2] == "__":
+                    if isinstance(v, bytes):
+                        try:
+                            v = v.decode("utf-8")
+                        except UnicodeDecodeError:
+                            log.warning("cannot decode %s as utf-8: %r", k, v[:64])
+                    result[k] = v
+                elif only is not None and k not in only:
+                    result[k] = v
+                else:
+                    assert v is not None
+                    if partial and not isinstance(v, bytes):
+                        result[k] = v
+                    else:
+                        assert isinstance(v, bytes), f"k,v = {k}, {v}"
+                        result[k] = self._decode_field("." + k, v)
+            except UsageError as exn:
+                # A refusal is about configuration, not about this sample's bytes: keep its type.
+                member = f"{sample.get('__key__')}.{k}"
+                url = sample.get("__url__")
+                raise exn.with_location(url=None if url is None else str(url), member=member)
+            except Exception as exn:
+                raise DecodingError(
+                    key=sample.get("__key__", None), url=sample.get("__url__", None), k=k, sample=sample,
+                    reason=_reason(exn),
+                ) from exn
+        return result
+
+    def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        """Decode an entire sample (same as `decode`)."""
+        assert isinstance(sample, dict), (len(sample), sample)
+        return self.decode(sample)
+
+
+default_decoder = Decoder(default_pre_handlers + default_post_handlers)

@@ -1,0 +1,274 @@
+"""The fused image path: decode + crop + resize to a target size in one handler.
+
+`imagehandler("rgb8", size=224, crop="center")` gives what `.decode("pil")` followed by
+torchvision's `Resize(256)` + `CenterCrop(224)` gives (crop="random": `RandomResizedCrop(224)`),
+with less work per image:
+
+- the crop box is chosen from the header, before any pixel is decoded;
+- JPEGs are decoded at 1/2, 1/4 or 1/8 size by the decoder's DCT scaling (Pillow `draft`, or
+  simplejpeg where asked for) when the crop still covers the target at that size;
+- the crop and the resize are one resampling pass over the crop box (never a full-size resize
+  followed by a crop), with Pillow's reducing gap for large factors.
+
+The pixels differ from the plain path within a small tolerance (the README gives the measured
+figures; tests/test_fusedimage.py bounds them). The plain `.decode("rgb8")` path is unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import threading
+from typing import Any, Iterable, Optional, Tuple, Union
+
+import numpy as np
+
+from .image import IMAGE_EXTENSIONS, FieldHandler, _pil, _to_array, imagespecs
+
+__all__ = ["CROPS", "FusedImageHandler", "center_box", "random_box", "resize_box"]
+
+CROPS = ("center", "random", None)
+Box = Tuple[float, float, float, float]
+_RESAMPLE = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
+_BACKENDS = ("pillow", "simplejpeg")
+# Converting after the resize gives the same pixels as before it (and is cheaper) for these.
+_CONVERT_AFTER = {("L", "RGB"), ("L", "RGBA"), ("RGB", "RGBA"), ("L", "L"), ("RGB", "RGB")}
+
+
+def center_box(width: int, height: int, out_h: int, out_w: int, fraction: float) -> Box:
+    """The source box of torchvision's `Resize(S)` + `CenterCrop((out_h, out_w))`.
+
+    S = round(min(out_h, out_w) / fraction): fraction 0.875 with 224 is Resize(256). The box is
+    clamped to the image where the crop would overhang it (torchvision pads there instead).
+    """
+    short = round(min(out_h, out_w) / fraction)
+    if width <= height:
+        new_w, new_h = short, int(short * height / width)
+    else:
+        new_w, new_h = int(short * width / height), short
+    top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))
+    sx, sy = width / new_w, height / new_h
+    return (max(0.0, left * sx), max(0.0, top * sy), min(float(width), (left + out_w) * sx),
+            min(float(height), (top + out_h) * sy))
+
+
+def random_box(width: int, height: int, scale: Tuple[float, float], ratio: Tuple[float, float],
+               rng: Any) -> Box:
+    """The box of torchvision's `RandomResizedCrop.get_params` (same algorithm, `rng` a Random)."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top, left = rng.randint(0, height - h), rng.randint(0, width - w)
+            return (float(left), float(top), float(left + w), float(top + h))
+    in_ratio = width / height  # fallback: a center crop with the ratio clamped into range
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    top, left = (height - h) // 2, (width - w) // 2
+    return (float(left), float(top), float(left + w), float(top + h))
+
+
+def resize_box(width: int, height: int, size: Union[int, Tuple[int, int]]) -> Tuple[int, int]:
+    """Output (height, width) of torchvision's `Resize(size)`: an int sets the shorter side."""
+    if not isinstance(size, int):
+        return size[0], size[1]
+    if width <= height:
+        return int(size * height / width), size
+    return size, int(size * width / height)
+
+
+def _simplejpeg():
+    try:
+        import simplejpeg  # type: ignore
+    except ImportError:
+        return None
+    return simplejpeg
+
+
+class FusedImageHandler(FieldHandler):
+    """Decode, crop and resize images to a fixed size in one step (see the module docstring).
+
+    Args:
+        imagespec: an image spec of `imagespecs` ("rgb8", "torchrgb", "pil", ...).
+        extensions: the (lower-case) extensions this handler decodes.
+        size: output size: an int (a square for crops; the shorter side for crop=None) or
+            (height, width).
+        crop: "center" (Resize + CenterCrop), "random" (RandomResizedCrop) or None (Resize only).
+        crop_fraction: center crop: the crop's share of the resized shorter side (0.875 with
+            size 224 is torchvision's Resize(256) + CenterCrop(224)).
+        scale, ratio: random crop: area fraction and aspect ratio ranges (torchvision's).
+        resample: Pillow filter name ("bilinear", as torchvision) or number.
+        reducing_gap: Pillow's reducing gap (None: resample from full resolution).
+        backend: "pillow", or "simplejpeg" (where installed: YCbCr and gray JPEGs; anything
+            else falls back to Pillow).
+        seed: seed of this handler's own random generator for crop="random"; None uses the
+            `random` module (which DataLoader reseeds in each worker).
+
+    Raises:
+        ValueError: unknown spec, crop, filter or backend, or bad sizes.
+    """
+
+    def __init__(
+        self,
+        imagespec: str,
+        extensions: Iterable[str] = IMAGE_EXTENSIONS,
+        *,
+        size: Union[int, Tuple[int, int], None] = None,
+        crop: Optional[str] = None,
+        crop_fraction: float = 0.875,
+        scale: Tuple[float, float] = (0.08, 1.0),
+        ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        resample: Union[str, int] = "bilinear",
+        reducing_gap: Optional[float] = 3.0,
+        backend: str = "pillow",
+        seed: Optional[int] = None,
+    ) -> None:
+        if imagespec not in imagespecs:
+            raise ValueError("Unknown imagespec: %s" % imagespec)
+        if crop not in CROPS:
+            raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
+        if size is None:
+            raise ValueError("the fused image path needs size= (an int or (height, width))")
+        if isinstance(size, int):
+            sizes: Tuple[int, ...] = (size,)
+        else:
+            sizes = tuple(size)
+            if len(sizes) != 2:
+                raise ValueError(f"size must be an int or (height, width), got {size!r}")
+        if not all(isinstance(s, int) and s > 0 for s in sizes):
+            raise ValueError(f"size must hold positive ints, got {size!r}")
+        if not 0 < crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
+        if not (0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"bad scale {scale} or ratio {ratio}")
+        if isinstance(resample, str):
+            if resample.lower() not in _RESAMPLE:
+                raise ValueError(f"resample must be one of {sorted(_RESAMPLE)}, got {resample!r}")
+            resample = _RESAMPLE[resample.lower()]
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+        if backend == "simplejpeg" and _simplejpeg() is None:
+            raise ValueError("backend='simplejpeg' needs simplejpeg: pip install simplejpeg")
+        self.imagespec = imagespec
+        self.extensions = set(extensions)
+        self.size, self.crop, self.crop_fraction = size, crop, crop_fraction
+        self.scale, self.ratio = tuple(scale), tuple(ratio)
+        self.resample, self.reducing_gap, self.backend, self.seed = resample, reducing_gap, backend, seed
+        self._rng: Any = random if seed is None else random.Random(seed)
+        self._lock = threading.Lock()
+        self._jpeg = _simplejpeg() if backend == "simplejpeg" else None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_lock"], state["_jpeg"]
+        if self.seed is None:
+            del state["_rng"]  # the module, not picklable: the copy uses its own process's
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._jpeg = _simplejpeg() if self.backend == "simplejpeg" else None
+        if self.seed is None:
+            self._rng = random
+
+    def decode_field(self, data: bytes, extension: str) -> Any:
+        return self.decode(data)
+
+    def geometry(self, width: int, height: int) -> Tuple[Box, Tuple[int, int]]:
+        """The source box and the output (width, height) for an image of that size."""
+        if self.crop is None:
+            out_h, out_w = resize_box(width, height, self.size)
+            return (0.0, 0.0, float(width), float(height)), (out_w, out_h)
+        out_h, out_w = (self.size, self.size) if isinstance(self.size, int) else self.size
+        if self.crop == "center":
+            return center_box(width, height, out_h, out_w, self.crop_fraction), (out_w, out_h)
+        with self._lock:
+            return random_box(width, height, self.scale, self.ratio, self._rng), (out_w, out_h)
+
+    def decode(self, data: bytes) -> Any:
+        """Decode, crop and resize image bytes regardless of extension."""
+        atype, etype, mode = imagespecs[self.imagespec]
+        target = mode.upper()
+        image = None
+        if self._jpeg is not None and data[:3] == b"\xff\xd8\xff":
+            image = self._decode_simplejpeg(data, target)
+        if image is None:
+            image = self._decode_pillow(data, target)
+        if image.mode != target:
+            image = image.convert(target)
+        if atype == "pil":
+            return image
+        return _to_array(np.asarray(image), atype, etype)
+
+    def _resize(self, image: Any, box: Box, factor: float, out: Tuple[int, int], target: str) -> Any:
+        if (image.mode, target) not in _CONVERT_AFTER:
+            image = image.convert(target)  # as the plain path does: convert, then resize
+        box = (box[0] * factor, box[1] * factor, box[2] * factor, box[3] * factor)
+        return image.resize(out, self.resample, box=box, reducing_gap=self.reducing_gap)
+
+    def _decode_pillow(self, data: bytes, target: str) -> Any:
+        with io.BytesIO(data) as stream:
+            image = _pil().open(stream)
+            width, height = image.size
+            box, out = self.geometry(width, height)
+            reduction = 1
+            if image.format == "JPEG":
+                reduction = _reduction(box, out)
+                wanted = (max(1, width // reduction), max(1, height // reduction))
+                drafted = image.draft("L" if target == "L" else "RGB", wanted)
+                if drafted is not None:
+                    reduction = round(width / drafted[1][2])  # draft's box: the size over its scale
+            image.load()
+        return self._resize(image, box, 1.0 / reduction, out, target)
+
+    def _decode_simplejpeg(self, data: bytes, target: str) -> Optional[Any]:
+        jpeg = self._jpeg
+        try:
+            height, width, colorspace, _ = jpeg.decode_jpeg_header(data)
+        except ValueError:
+            return None  # Pillow decides what is wrong with it
+        if colorspace not in ("Gray", "YCbCr"):
+            return None  # CMYK/YCCK/RGB JPEGs: Pillow's conversions are the reference
+        box, out = self.geometry(width, height)
+        # Only 1/2, 1/4, 1/8: libjpeg-turbo's 3/8..7/8 scalings decode slower than full size.
+        reduction = _reduction(box, out)
+        try:
+            pixels = jpeg.decode_jpeg(data, "GRAY" if target == "L" else "RGB",
+                                      min_height=-(-height // reduction), min_width=-(-width // reduction))
+        except ValueError:
+            return None  # truncated or corrupt: Pillow raises (or decodes it) as the plain path does
+        if pixels.shape[2] == 1:
+            pixels = pixels[:, :, 0]
+        image = _pil().fromarray(pixels)
+        return self._resize(image, box, _jpeg_factor(width, pixels.shape[1]), out, target)
+
+    def __repr__(self) -> str:
+        return (f"imagehandler({self.imagespec!r}, size={self.size!r}, crop={self.crop!r}, "
+                f"backend={self.backend!r})")
+
+
+def _reduction(box: Box, out: Tuple[int, int]) -> int:
+    """The largest DCT reduction (8, 4, 2 or 1) at which the box still covers the output."""
+    ratio = min((box[2] - box[0]) / out[0], (box[3] - box[1]) / out[1])
+    for reduction in (8, 4, 2):
+        if ratio >= reduction:
+            return reduction
+    return 1
+
+
+def _jpeg_factor(original: int, decoded: int) -> float:
+    """The M/8 scaling factor libjpeg-turbo used: decoded = ceil(original * M / 8)."""
+    for m in range(1, 17):
+        if math.ceil(original * m / 8) == decoded:
+            return m / 8
+    return decoded / original

@@ -1,0 +1,101 @@
+"""Engine configuration: a frozen, validated dataclass, process-wide defaults and env vars.
+
+SHARDSTREAM_THREADS sets the default decode-pool size; SHARDSTREAM_ENGINE=0 turns the engine off
+(pipelines then run as plain nested generators, exactly like webdataset).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .._base.lazytorch import worker_info
+
+__all__ = ["EngineConfig", "engine_defaults", "set_engine_defaults"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a pipeline runs on the engine.
+
+    Args:
+        enabled: run on the engine (False: nested generators in the caller's thread).
+        threads: decode-pool threads; None derives it from the cores available to this process
+            (cores + 1), or their share per DataLoader worker inside a worker.
+        ordered: deliver in the same order as a sequential run (False: as tasks finish; faster
+            when task times vary).
+        max_inflight: pool tasks in flight per parallel stage; None: 2 x threads.
+        queue_chunks: capacity of each queue between stages, in chunks of items.
+        max_chunk: most samples per pool task / queue chunk (chunks adapt below it).
+        log_interval: seconds between periodic stats log lines (None: no log).
+    """
+
+    enabled: bool = True
+    threads: Optional[int] = None
+    ordered: bool = True
+    max_inflight: Optional[int] = None
+    queue_chunks: int = 8
+    max_chunk: int = 32
+    log_interval: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.queue_chunks < 1 or self.max_chunk < 1:
+            raise ValueError("queue_chunks and max_chunk must be >= 1")
+        if self.log_interval is not None and self.log_interval <= 0:
+            raise ValueError("log_interval must be positive")
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+    def resolved_threads(self) -> int:
+        """The pool size to use here and now (inside a DataLoader worker: a share of the cores)."""
+        if self.threads is not None:
+            return self.threads
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        _worker, workers = worker_info()
+        if workers > 1:
+            return max(1, cores // workers)
+        # One more thread than cores: while a thread holds the GIL for the Python parts of a
+        # decode (PIL's per-tile loop, the crop), another one's C code keeps the core busy.
+        return cores + 1
+
+    def resolved_inflight(self, threads: int) -> int:
+        return self.max_inflight if self.max_inflight is not None else 2 * threads
+
+
+def _from_env() -> EngineConfig:
+    threads = os.environ.get("SHARDSTREAM_THREADS")
+    enabled = os.environ.get("SHARDSTREAM_ENGINE", "1").lower() not in ("0", "false", "no", "off")
+    return EngineConfig(enabled=enabled, threads=int(threads) if threads else None)
+
+
+_lock = threading.Lock()
+_defaults: Optional[EngineConfig] = None
+
+
+def engine_defaults() -> EngineConfig:
+    """The process-wide defaults (env vars, then set_engine_defaults)."""
+    global _defaults
+    with _lock:
+        if _defaults is None:
+            _defaults = _from_env()
+        return _defaults
+
+
+def set_engine_defaults(**changes: Any) -> EngineConfig:
+    """Change the process-wide engine defaults, e.g. set_engine_defaults(threads=8, ordered=False)."""
+    global _defaults
+    current = engine_defaults()
+    with _lock:
+        _defaults = current.replace(**changes)
+        return _defaults

@@ -1,0 +1,265 @@
+"""HTTP(S) fetcher on aiohttp: pooled connections, timeouts, retries with backoff, Range resume.
+
+A transfer that breaks part-way resumes from the last byte received with `Range: bytes=N-`, and
+`If-Range` (ETag, else Last-Modified) so that a resume reads the same object; a server that
+ignores Range (200) has the received prefix skipped. The length is checked against
+Content-Length / Content-Range. aiohttp's exceptions become the error tree in `translate_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from email.utils import parsedate_to_datetime
+from typing import AsyncIterator, Callable, Optional, Tuple
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import hdrs
+
+from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url
+from .retries import backoff_delay, log_retry, watch
+from .stream import FetchOptions, note_fetch, note_size
+from .loop import get_session
+
+__all__ = ["http_stream", "translate_error"]
+
+
+_RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.ASCII)
+
+
+class _Retry(Exception):
+    """An attempt failed in a way worth retrying; `error` is what to raise if retries run out."""
+
+    def __init__(self, error: FetchError, retry_after: Optional[float] = None) -> None:
+        super().__init__(str(error))
+        self.error, self.retry_after = error, retry_after
+
+
+def _scrub(text: str, url: str) -> str:
+    """`text` (say, a third-party message) with the URL's credentials replaced by ***."""
+    redacted = redact_url(url)
+    text = text.replace(url, redacted)
+    parts, safe = urlsplit(url), urlsplit(redacted)
+    if parts.password:
+        text = text.replace(f"{parts.username}:{parts.password}@", "***@")
+        if len(parts.password) >= 4:  # shorter ones would match ordinary words
+            text = text.replace(parts.password, "***")
+    if parts.query and parts.query != safe.query:
+        text = text.replace(parts.query, safe.query)
+    return text
+
+
+def translate_error(exc: BaseException, url: str, offset: int) -> Tuple[FetchError, bool]:
+    """Map an aiohttp / OS / timeout error to (error in our tree, whether a retry may help)."""
+    if isinstance(exc, FetchError):
+        return exc, isinstance(exc, (NetworkError, FetchTimeout))
+    detail = _scrub(f"{type(exc).__name__}: {exc}", url)
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):  # before OSError: some are both
+        message = f"timed out (no data within the stall/connect timeout): {detail}"
+        return FetchTimeout(message, url=url, offset=offset), True
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return FetchError(f"TLS certificate rejected: {detail}", url=url, offset=offset), False
+    if isinstance(exc, (aiohttp.InvalidURL, aiohttp.TooManyRedirects, ValueError)):
+        return FetchError(f"request failed: {detail}", url=url, offset=offset), False
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)):
+        return NetworkError(f"connection failed: {detail}", url=url, offset=offset), True
+    return FetchError(f"request failed: {detail}", url=url, offset=offset), False
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+class _Transfer:
+    """What one download knows across attempts: bytes received, total size, the validator."""
+
+    def __init__(self, url: str, start: int, stop: Optional[int] = None) -> None:
+        self.url = url
+        self.received = start  # absolute offset of the next byte wanted
+        self.stop = stop  # absolute offset just past the last byte wanted (None: to the end)
+        self.total: Optional[int] = None  # the object's size, once a response says
+        self.total_exact = False  # said by Content-Range, not only by a 200's Content-Length
+        self.response_end: Optional[int] = None  # where the current response's body ends
+        self.etag: Optional[str] = None
+        self.last_modified: Optional[str] = None
+
+    @property
+    def complete(self) -> bool:
+        if self.stop is not None and self.received >= self.stop:
+            return True
+        return self.total is not None and self.received >= self.total
+
+    def request_headers(self) -> dict:
+        if self.received == 0 and self.stop is None:
+            return {}
+        last = "" if self.stop is None else str(self.stop - 1)
+        headers = {hdrs.RANGE: f"bytes={self.received}-{last}"}
+        # If-Range wants a strong validator; a server that honours it answers 200 with the new
+        # object when ours changed, which `accept` then refuses.
+        validator = self.etag if self.etag and not self.etag.startswith("W/") else self.last_modified
+        if validator:
+            headers[hdrs.IF_RANGE] = validator
+        return headers
+
+    def error(self, message: str, cls: type = FetchError) -> FetchError:
+        return cls(message, url=self.url, offset=self.received)
+
+    def accept(self, resp: aiohttp.ClientResponse) -> Optional[int]:
+        """Check a response's status and headers; return how many leading body bytes to skip,
+        or None if there is nothing left to read. Raises FetchError, or _Retry."""
+        status = resp.status
+        what = f"HTTP {status} {resp.reason or ''}".rstrip()
+        if status in (404, 410):
+            raise self.error(what, ShardNotFound)
+        if status == 416 and (self.received > 0 or self.stop is not None):
+            match = _CONTENT_RANGE.fullmatch(resp.headers.get(hdrs.CONTENT_RANGE, "").strip())
+            size = int(match.group(3)) if match and match.group(3) != "*" else None
+            if size == self.received or (size is None and self.total is None):
+                self.total = self.received  # we already have every byte (a lying length got us here)
+                self.total_exact = True
+                return None
+            raise self.error(f"{what}: range starts past the end of the object (size {size})")
+        if status in _RETRY_STATUSES:
+            raise _Retry(self.error(what), _retry_after(resp.headers.get(hdrs.RETRY_AFTER)))
+        if status not in (200, 206):
+            raise self.error(what)
+        self._check_same_object(resp)
+        if status == 206:
+            return self._accept_partial(resp)
+        length = resp.content_length
+        if length is not None:
+            self._set_total(length, exact=False)
+        self.response_end = length
+        return self.received  # a 200 starts at byte 0: drop what we already have
+
+    def _accept_partial(self, resp: aiohttp.ClientResponse) -> int:
+        header = resp.headers.get(hdrs.CONTENT_RANGE, "")
+        match = _CONTENT_RANGE.fullmatch(header.strip())
+        if match is None or match.group(1) is None:
+            raise self.error(f"HTTP 206 with a bad Content-Range {header!r}")
+        first, last, size = int(match.group(1)), int(match.group(2)), match.group(3)
+        if first > self.received:
+            raise self.error(f"asked for bytes from {self.received}, got a range from {first}")
+        if size != "*":
+            self._set_total(int(size), exact=True)
+        self.response_end = last + 1
+        return self.received - first
+
+    def _set_total(self, size: int, exact: bool) -> None:
+        # A 200's Content-Length can lie (a body that ends short of it is retried, and the
+        # resume's Content-Range tells the truth); two statements of the same kind must agree.
+        if self.total is not None and size != self.total and exact == self.total_exact:
+            raise self.error(f"object size changed during the download ({self.total} -> {size} bytes)")
+        if self.total is None or exact or not self.total_exact:
+            self.total, self.total_exact = size, exact
+        if self.received > self.total:
+            raise self.error(f"object is shorter ({self.total} bytes) than the bytes already received")
+
+    def _check_same_object(self, resp: aiohttp.ClientResponse) -> None:
+        etag, modified = resp.headers.get(hdrs.ETAG), resp.headers.get(hdrs.LAST_MODIFIED)
+        if self.etag and etag and etag != self.etag:
+            raise self.error(f"object changed during the download (ETag {self.etag} -> {etag})")
+        if not self.etag and self.last_modified and modified and modified != self.last_modified:
+            change = f"Last-Modified {self.last_modified} -> {modified}"
+            raise self.error(f"object changed during the download ({change})")
+        self.etag, self.last_modified = etag or self.etag, modified or self.last_modified
+
+
+def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(
+        total=None, connect=None, sock_connect=options.connect_timeout, sock_read=options.stall_timeout
+    )
+
+
+async def http_stream(
+    url: str, *, options: FetchOptions, start: int = 0, stop: Optional[int] = None,
+    on_size: Optional[Callable[[Optional[int]], None]] = None,
+) -> AsyncIterator[bytes]:
+    """Yield the bytes of an http(s) URL from `start` (up to `stop`, exclusive, if given),
+    retrying and resuming as `options` say.
+
+    With `stop`, every request asks for `Range: bytes=start-(stop-1)` (a resume, for what is left
+    of it); a range past the end of the object yields what there is. A server that ignores Range
+    has the prefix skipped and the body cut at `stop`. `on_size`, if given, is called once with
+    the object's size as a 206's Content-Range states it, or None (no ranges served, or no size).
+    """
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"bad byte range: start={start}, stop={stop}")
+    if stop is not None and stop == start:
+        return
+    session = await get_session()
+    timeout = _timeout(options)
+    transfer = _Transfer(url, start, stop)
+    with watch(url, options) as silence:  # a silent transfer is reported before it times out
+        failures = 0  # consecutive attempts that failed without delivering a byte
+        while not transfer.complete:
+            attempt_start = transfer.received
+            try:
+                headers = transfer.request_headers()
+                # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
+                async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
+                    skip = transfer.accept(resp)
+                    if transfer.total_exact or (transfer.total is not None and start == 0 and stop is None):
+                        note_size(transfer.total)  # type: ignore[arg-type]
+                    if on_size is not None:
+                        on_size(transfer.total if transfer.total_exact else None)
+                        on_size = None
+                    if skip is None:
+                        return
+                    async for chunk in resp.content.iter_chunked(options.chunk_size):
+                        silence.beat()
+                        if skip:
+                            if len(chunk) <= skip:
+                                skip -= len(chunk)
+                                continue
+                            chunk, skip = chunk[skip:], 0
+                        total = transfer.total
+                        if total is not None and transfer.received + len(chunk) > total:
+                            raise transfer.error(f"body is longer than the advertised {total} bytes")
+                        if stop is not None and transfer.received + len(chunk) >= stop:
+                            chunk = chunk[: stop - transfer.received]  # a 200 (Range ignored) goes on
+                            transfer.received = stop
+                            if chunk:
+                                yield chunk
+                            return
+                        transfer.received += len(chunk)
+                        yield chunk
+                    if skip:
+                        raise transfer.error("the full response is shorter than the bytes already received")
+                if transfer.total is None or transfer.complete:
+                    return
+                end = transfer.response_end
+                if end is not None and transfer.received >= end:
+                    continue  # a server that sends large objects in parts (206 short of the total)
+                short = f"body ended early ({transfer.received} of {transfer.total} bytes)"
+                raise _Retry(transfer.error(short, NetworkError))
+            except _Retry as retry:
+                error, retry_after = retry.error, retry.retry_after
+            except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
+                error, retryable = translate_error(exc, url, transfer.received)
+                if not retryable:
+                    raise error from (None if error is exc else exc)
+                retry_after = None
+            if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
+                return
+            failures = 1 if transfer.received > attempt_start else failures + 1
+            if failures > options.retries:
+                message = f"{error.message}; gave up after {failures} attempts"
+                raise type(error)(message, url=url, offset=transfer.received) from error
+            delay = backoff_delay(options, failures, retry_after)
+            note_fetch(retries=1, resumes=int(transfer.received > 0))
+            log_retry(failures, options, url, transfer.received, delay, error.message)
+            await asyncio.sleep(delay)

@@ -1,0 +1,138 @@
+"""Synchronous byte sources for a shard URL: local files, `pipe:` commands (opt-in), and any
+fsspec URL. Errors are translated into the shardstream error tree here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import IO, Iterator, Optional
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from .._base.errors import FetchError, ShardNotFound, UsageError
+from .._base.security import enforced
+
+__all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_url", "pipe_allowed"]
+
+CHUNK_SIZE = 1 << 20
+_PIPE_ENV = "SHARDSTREAM_ALLOW_PIPE"
+_pipe_switch: Optional[bool] = None
+_switch_lock = threading.Lock()
+
+
+def allow_pipe(enabled: bool = True) -> None:
+    """Allow (or forbid again) `pipe:` URLs, which run a shell command, in this process."""
+    global _pipe_switch
+    with _switch_lock:
+        _pipe_switch = bool(enabled)
+
+
+def pipe_allowed(override: Optional[bool] = None) -> bool:
+    """Whether `pipe:` URLs may run: the explicit argument, else allow_pipe(), else the env var."""
+    if override is not None:
+        return bool(override)
+    if _pipe_switch is not None:
+        return _pipe_switch
+    return os.environ.get(_PIPE_ENV, "0").lower() in ("1", "true", "yes")
+
+
+def local_path_of(url: str) -> Optional[str]:
+    """The filesystem path for a plain path or file: URL, else None."""
+    if url.startswith("file:"):
+        return url2pathname(urlparse(url).path)
+    if "://" in url or url.startswith("pipe:") or url == "-":
+        return None
+    return url
+
+
+class _PipeReader:
+    """A file-like view of a shell command's stdout that checks the exit status on close."""
+
+    def __init__(self, url: str, cmd: str) -> None:
+        self.url = url
+        self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, bufsize=CHUNK_SIZE)
+        self.stdout = self.proc.stdout
+
+    def read(self, n: int = -1) -> bytes:
+        return self.stdout.read(n)
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        self.stdout.close()
+        status = proc.wait()
+        # 141 is SIGPIPE: the reader stopped early, which is not the command's failure.
+        if status not in (0, 141, -13):
+            raise FetchError(f"pipe command exited with status {status}", url=self.url)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_url(url: str, *, allow_pipe: Optional[bool] = None, mode: str = "rb") -> IO[bytes]:
+    """Open `url` for binary reading; raise ShardNotFound / FetchError / UsageError."""
+    if url == "-":
+        return sys.stdin.buffer
+    if url.startswith("pipe:"):
+        if enforced():
+            raise UsageError("gopen_pipe: unsafe_gopen is False, cannot open pipe URLs", url=url)
+        if not pipe_allowed(allow_pipe):
+            raise UsageError(
+                "pipe: URLs run a shell command and are off by default; enable them with "
+                f"shardstream.allow_pipe(True) or {_PIPE_ENV}=1",
+                url=url,
+            )
+        return _PipeReader(url, url[5:])  # type: ignore[return-value]
+    path = local_path_of(url)
+    try:
+        if path is not None:
+            return open(path, mode, buffering=0)
+        import fsspec
+
+        return fsspec.open(url, mode).open()
+    except FileNotFoundError as exn:
+        raise ShardNotFound("shard not found", url=url) from exn
+    except (UsageError, FetchError):
+        raise
+    except OSError as exn:
+        raise FetchError(f"cannot open shard: {exn}", url=url) from exn
+    except ValueError as exn:  # fsspec: unknown protocol
+        raise UsageError(f"cannot open shard: {exn}", url=url) from exn
+
+
+def iter_chunks(
+    url: str, *, chunk_size: int = CHUNK_SIZE, allow_pipe: Optional[bool] = None, start: int = 0
+) -> Iterator[bytes]:
+    """Yield the bytes of `url` from byte `start` in chunks; the source is closed when the
+    generator ends or is closed. Unseekable sources (pipes) read and drop the first bytes."""
+    stream = open_url(url, allow_pipe=allow_pipe)
+    try:
+        read = stream.read
+        if start:
+            try:
+                stream.seek(start)
+            except (AttributeError, OSError, ValueError):
+                left = start
+                while left > 0:
+                    dropped = read(min(left, chunk_size))
+                    if not dropped:
+                        break
+                    left -= len(dropped)
+        while True:
+            try:
+                chunk = read(chunk_size)
+            except OSError as exn:
+                raise FetchError(f"read failed: {exn}", url=url) from exn
+            if not chunk:
+                break
+            yield chunk
+    finally:
+        if url != "-":
+            stream.close()

@@ -1,0 +1,316 @@
+"""Many URLs as ranged parts on many connections, handed on in order, under one byte budget.
+
+A server that caps each connection (object stores, CDNs: ~25-100 MB/s each) is only fast over
+many connections. A reader, though, consumes shards one after the other, in order. So every
+stream is cut into parts (Range requests), and one process-wide `PartBudget` decides which parts
+download: the ones the reader needs soonest first (streams in the order they were opened, parts
+in byte order), as many as `budget` bytes allow. The part at the front of each stream (the next
+bytes its reader wants) never waits for the budget, so the reader always makes progress; memory
+stays within budget + one part per open stream, whatever the number of shards in flight.
+
+Which front is free is decided by demand, not position: a stream's front part waits for the
+budget like any other until the stream's consumer blocks on it (`Demand`, signalled by the
+consumer thread), so the shards opened ahead cost budget, not memory beyond it, and a consumer
+that waits never waits for the budget. Streams iterated without a `Demand` (direct async use)
+have their fronts free.
+
+The part size adapts to what the transfers show. With `budget` bytes in flight, throughput is
+about budget x rate / (part + rate x time-to-first-byte): small parts on many connections win,
+until each part spends most of its time waiting for its first byte. So a part is
+`2 x time-to-first-byte x per-connection rate` (two thirds of a connection's time moving
+bytes), measured on finished parts, between `MIN_PART` and `MAX_PART`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import functools
+import heapq
+import itertools
+import os
+import time
+from typing import Any, AsyncIterator, Callable, List, Optional, Tuple
+
+from .._base.errors import FetchError
+
+__all__ = ["Demand", "PartBudget", "demand", "parallel_stream", "part_budget", "tuned_part_size"]
+
+MIN_PART = 1 << 20
+MAX_PART = 8 << 20
+DEFAULT_PART = 2 << 20  # before any transfer has finished
+_stream_order = itertools.count()  # streams are opened in the order they will be read
+
+
+class Demand:
+    """Whether a stream's consumer is blocked waiting for its next bytes. The consumer thread
+    sets `waiting` and asks the loop to call `fire`; the stream registers `callback`."""
+
+    __slots__ = ("waiting", "callback")
+
+    def __init__(self) -> None:
+        self.waiting = False
+        self.callback: Optional[Callable[[], None]] = None
+
+    def fire(self) -> None:
+        if self.waiting and self.callback is not None:
+            self.callback()
+
+
+demand: contextvars.ContextVar[Optional[Demand]] = contextvars.ContextVar("shardstream_demand", default=None)
+
+
+class _Tuning:
+    """Moving averages of time to first byte and per-connection rate, over finished parts."""
+
+    def __init__(self) -> None:
+        self.ttfb: Optional[float] = None
+        self.rate: Optional[float] = None
+
+    def record(self, ttfb: float, nbytes: int, seconds: float) -> None:
+        if nbytes < 64 << 10 or seconds <= 0:
+            return  # too small to say anything about the rate
+        rate = nbytes / seconds
+        self.ttfb = ttfb if self.ttfb is None else 0.8 * self.ttfb + 0.2 * ttfb
+        self.rate = rate if self.rate is None else 0.8 * self.rate + 0.2 * rate
+
+    def part_size(self, default: int) -> int:
+        if self.ttfb is None or self.rate is None:
+            return default
+        return int(min(MAX_PART, max(MIN_PART, 2 * self.ttfb * self.rate)))
+
+
+_tuning = _Tuning()
+
+
+def tuned_part_size(default: int = DEFAULT_PART) -> int:
+    """The part size the transfers so far call for (`default` before any has finished)."""
+    return _tuning.part_size(default)
+
+
+class PartBudget:
+    """Bytes that parts behind the front of their stream may hold, granted in reading order.
+
+    Strict priority: a waiting part is granted only when every part that will be read before it
+    has been; parts promoted to the front of their stream are granted at once and hold nothing.
+    Runs on the event loop (not thread-safe: every caller is a coroutine on the same loop).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiting: List[list] = []  # heap of [key, bytes, future, part]
+
+    async def acquire(self, part: "_Part") -> None:
+        if part.promoted:
+            return
+        if not self._waiting and self.used + part.size <= self.limit:
+            self.used += part.size
+            part.held = part.size
+            return
+        future = asyncio.get_running_loop().create_future()
+        entry = [part.key, part.size, future, part]
+        part.waiter = entry
+        heapq.heappush(self._waiting, entry)
+        try:
+            await future
+        finally:
+            part.waiter = None
+            if future.cancelled() or not future.done():
+                entry[2] = None  # lazily dropped from the heap
+                self._grant()
+
+    def promote(self, part: "_Part") -> None:
+        """`part` is now the front of its stream: it needs no budget (and returns what it held)."""
+        part.promoted = True
+        if part.waiter is not None and part.waiter[2] is not None and not part.waiter[2].done():
+            part.waiter[2].set_result(None)
+            part.waiter[2] = None
+        self.release(part)
+
+    def release(self, part: "_Part") -> None:
+        if part.held:
+            self.used -= part.held
+            part.held = 0
+            self._grant()
+
+    def _grant(self) -> None:
+        waiting = self._waiting
+        while waiting:
+            _key, size, future, part = waiting[0]
+            if future is None or future.done():
+                heapq.heappop(waiting)
+                continue
+            if self.used + size > self.limit and self.used > 0:
+                return  # strict priority: nothing later may pass the part that needs the bytes
+            heapq.heappop(waiting)
+            self.used += size
+            part.held = size
+            future.set_result(None)
+
+
+_budget: Optional[PartBudget] = None
+
+
+def _forget_budget() -> None:
+    global _budget
+    _budget = None  # a forked child (a DataLoader worker) has its own loop and no parts in flight
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_budget)
+
+
+def part_budget(limit: int) -> PartBudget:
+    """The process's budget (created with `limit` by the first stream that asks; a later, larger
+    `limit` raises it)."""
+    global _budget
+    if _budget is None:
+        _budget = PartBudget(limit)
+    elif limit > _budget.limit:
+        _budget.limit = limit
+        _budget._grant()
+    return _budget
+
+
+class _Part:
+    """One byte range [start, stop) downloading on its own connection into a list of chunks."""
+
+    __slots__ = ("start", "stop", "key", "chunks", "received", "done", "error", "event", "task", "promoted",
+                 "held", "waiter")
+
+    def __init__(self, start: int, stop: int, key: Tuple[int, int]) -> None:
+        self.start, self.stop, self.key = start, stop, key
+        self.chunks: collections.deque = collections.deque()
+        self.received = 0
+        self.done = False
+        self.error: Optional[BaseException] = None
+        self.event = asyncio.Event()
+        self.task: Optional[asyncio.Task] = None
+        self.promoted = False
+        self.held = 0
+        self.waiter: Optional[list] = None
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    async def run(self, url: str, options: Any, ranged: Callable[..., AsyncIterator[bytes]], budget: PartBudget) -> None:
+        try:
+            await budget.acquire(self)
+            started = time.perf_counter()
+            first: Optional[float] = None
+            chunks = ranged(url, options=options, start=self.start, stop=self.stop)
+            try:
+                async for chunk in chunks:
+                    if first is None:
+                        first = time.perf_counter()
+                    self.received += len(chunk)
+                    self.chunks.append(chunk)
+                    self.event.set()
+            finally:
+                await chunks.aclose()
+            if first is not None:
+                _tuning.record(first - started, self.received, time.perf_counter() - first)
+        except Exception as exc:  # noqa: BLE001 - raised in order, when this part is at the front
+            self.error = exc
+        finally:
+            self.done = True
+            self.event.set()
+
+
+async def parallel_stream(
+    url: str, options: Any, start: int, ranged: Callable[..., AsyncIterator[bytes]],
+) -> AsyncIterator[bytes]:
+    """The bytes of `url` from `start`, fetched as parts over up to options.parallel_parts
+    connections at once under the process's part budget, yielded in order. The first part's
+    response tells the object's size (its Content-Range): no extra request. One connection when
+    the server serves no ranges, or when the rest fits in one part.
+
+    `ranged(url, *, options, start, stop, on_size)` fetches a byte range and calls `on_size`
+    once with the object's size (None: unknown, or no ranges served).
+    """
+    part_size = options.part_size or tuned_part_size(DEFAULT_PART)
+    budget = part_budget(options.part_budget)
+    order = next(_stream_order)
+    index = itertools.count()
+    first = _Part(start, start + part_size, (order, next(index)))
+    window: collections.deque = collections.deque([first])  # parts started, the front one first
+    pending: collections.deque = collections.deque()
+    wanted = demand.get()
+    sized: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def on_size(size: Optional[int]) -> None:
+        if not sized.done():
+            sized.set_result(size)
+
+    def promote_front() -> None:
+        if window:
+            budget.promote(window[0])
+
+    if wanted is not None:
+        wanted.callback = promote_front
+    if wanted is None or wanted.waiting:  # (a consumer that blocked before we listened: now)
+        budget.promote(first)
+
+    def fill() -> None:
+        while pending and len(window) < options.parallel_parts:
+            part = pending.popleft()
+            part.task = asyncio.ensure_future(part.run(url, options, ranged, budget))
+            window.append(part)
+
+    try:
+        first.task = asyncio.ensure_future(first.run(url, options, functools.partial(ranged, on_size=on_size), budget))
+        await asyncio.wait([sized, first.task], return_when=asyncio.FIRST_COMPLETED)
+        size = sized.result() if sized.done() else None
+        if size is None and first.error is None:  # no Range support, or no size: one connection reads it all
+            first.task.cancel()
+            await asyncio.gather(first.task, return_exceptions=True)
+            window.clear()
+            single = ranged(url, options=options, start=start)
+            try:
+                async for chunk in single:
+                    yield chunk
+            finally:
+                await single.aclose()
+            return
+        if size is None:  # the first request failed: its error is raised below, in order
+            size = first.stop
+        first.stop = max(start, min(first.stop, size))  # what the first part must deliver
+        bounds = [(offset, min(offset + part_size, size)) for offset in range(start + part_size, size, part_size)]
+        pending.extend(_Part(lo, hi, (order, next(index))) for lo, hi in bounds)
+        fill()
+        while window:
+            front = window[0]
+            if wanted is None or wanted.waiting:
+                budget.promote(front)  # its reader waits for it: it never waits for the budget
+            while True:
+                if front.chunks:
+                    yield front.chunks.popleft()
+                elif front.done:
+                    break
+                else:
+                    front.event.clear()
+                    await front.event.wait()
+            if front.error is not None:
+                raise front.error
+            if front.received != front.stop - front.start:
+                raise FetchError(
+                    f"object size changed during the download: bytes {front.start}-{front.stop - 1} "
+                    f"of {size} gave {front.received} bytes", url=url, offset=front.start + front.received,
+                )
+            budget.release(window.popleft())  # handed on: its memory is free, so the next part may start
+            fill()
+    finally:
+        if wanted is not None:
+            wanted.callback = None
+        for part in window:
+            budget.release(part)
+        tasks = [part.task for part in window if part.task is not None and not part.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for part in window:
+            budget.release(part)  # a part granted while it was being cancelled

@@ -1,0 +1,89 @@
+"""What every fetcher does between attempts, and what a user sees of it: one backoff rule, one
+way of logging retries (the first retry of a transfer is a WARNING: a flaky server shows up in
+the log at once), and a watchdog that warns about a silent transfer long before its stall
+timeout gives up on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, Dict, Optional
+
+from .._base.redact import redact
+
+__all__ = ["Silence", "backoff_delay", "log_retry", "watch"]
+
+log = logging.getLogger(__name__)
+
+
+def backoff_delay(options: Any, failures: int, retry_after: Optional[float] = None) -> float:
+    """Seconds to wait before retry number `failures`: the server's Retry-After (capped), else
+    full jitter over a capped exponential (it spreads out clients that failed together)."""
+    if retry_after is not None:
+        return min(retry_after, options.backoff_max)
+    return random.uniform(0.0, min(options.backoff_max, options.backoff_base * 2 ** (failures - 1)))
+
+
+def log_retry(failures: int, options: Any, url: str, offset: Optional[int], delay: float, reason: str) -> None:
+    """Log a retry: WARNING for a transfer's first (and from the third on, INFO), DEBUG between."""
+    level = logging.WARNING if failures == 1 else logging.INFO if failures >= 3 else logging.DEBUG
+    where = "" if offset is None else f" from byte {offset}"
+    log.log(level, "retry %d/%d of %s%s in %.2f s: %s", failures, options.retries, redact(url), where, delay,
+            redact(reason))
+
+
+class Silence:
+    """A transfer's last sign of life, for the watchdog (`beat()` on every chunk)."""
+
+    __slots__ = ("url", "stall_timeout", "last", "warned")
+
+    def __init__(self, url: str, stall_timeout: float) -> None:
+        self.url, self.stall_timeout = url, stall_timeout
+        self.last = time.monotonic()
+        self.warned = False
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+        self.warned = False
+
+
+_watched: Dict[int, Silence] = {}
+_watchdog: Optional["asyncio.Task[None]"] = None
+TICK = 1.0
+
+
+def warn_after(stall_timeout: float) -> float:
+    """How long a transfer may be silent before a warning: a third of its stall timeout, at most 10 s."""
+    return min(10.0, stall_timeout / 3)
+
+
+class watch:
+    """`with watch(url, options) as silence:` registers a transfer with the watchdog (loop side)."""
+
+    def __init__(self, url: str, options: Any) -> None:
+        self.silence = Silence(url, options.stall_timeout)
+
+    def __enter__(self) -> Silence:
+        global _watchdog
+        _watched[id(self.silence)] = self.silence
+        if _watchdog is None or _watchdog.done():
+            _watchdog = asyncio.get_running_loop().create_task(_watch())
+        return self.silence
+
+    def __exit__(self, *exc: object) -> None:
+        _watched.pop(id(self.silence), None)
+
+
+async def _watch() -> None:
+    while _watched:
+        await asyncio.sleep(TICK)
+        now = time.monotonic()
+        for silence in list(_watched.values()):
+            quiet = now - silence.last
+            if not silence.warned and quiet >= warn_after(silence.stall_timeout):
+                silence.warned = True
+                log.warning("no bytes from %s for %.0f s; it is retried after %g s without a byte (stall_timeout)",
+                            redact(silence.url), quiet, silence.stall_timeout)

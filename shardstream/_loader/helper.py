@@ -1,0 +1,187 @@
+"""The SubprocessLoader's helper process: it runs a pipeline (engine threads and all) and hands
+every item to its parent through shared memory.
+
+One duplex pipe joins the two. Helper to parent: ("start", report) once the pipeline's iterator
+exists, ("item", encoded, report) per item, then ("end", report) or ("error", ...). Parent to
+helper: "credit" for each item received (the helper runs at most `buffer` items ahead: bounded
+credits, as in the engine's channels), and "stop". A report is the pipeline's progress, so the
+parent's state_dict() describes what it received (see pipeline.DataPipeline._follow).
+
+The helper dies with its parent: a listener thread sees the pipe close (or the parent's pid
+vanish), removes the segments it made that the parent never took, and exits at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import pickle
+import signal
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from .._engine.channel import Stopped
+from .._engine.config import EngineConfig, set_engine_defaults
+from .shm import SegmentWriter, unlink_segments
+
+__all__ = ["HelperOptions", "Report", "helper_main", "pipeline_of"]
+
+_POLL_S = 0.05
+_LISTEN_S = 0.25
+_STOP_GRACE_S = 1.0  # after "stop", how long the pipeline may take to close before a hard exit
+
+Report = Optional[Tuple[int, Any, int, int]]  # delivered, position, pass_base, passes started
+
+
+@dataclass(frozen=True)
+class HelperOptions:
+    """What the helper needs besides the recipe: the parent's process-wide settings included
+    (a forkserver child does not inherit the parent's environment)."""
+
+    prefix: str
+    buffer: int
+    parent_pid: int
+    environ: Dict[str, str]
+    engine: EngineConfig
+    allow_pipe: bool
+    allow_pickle: bool
+    preload: Tuple[str, ...] = ()
+
+
+def pipeline_of(source: Any) -> Any:
+    """The DataPipeline whose progress a source reports: itself, or a torch DataLoader's dataset."""
+    from ..pipeline import DataPipeline
+
+    if isinstance(source, DataPipeline):
+        return source
+    dataset = getattr(source, "dataset", None)
+    return dataset if isinstance(dataset, DataPipeline) else None
+
+
+def _report(pipeline: Any) -> Report:
+    if pipeline is None:
+        return None
+    delivered, position, pass_base = pipeline.progress()
+    return delivered, position, pass_base, pipeline._passes_started
+
+
+def helper_main(conn: Any, recipe: bytes, options: HelperOptions) -> None:
+    """The helper process's entry point."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
+    os.environ.clear()
+    os.environ.update(options.environ)
+    from .._decode.decoder import allow_pickle
+    from .._fetch.open import allow_pipe
+
+    set_engine_defaults(**dataclasses.asdict(options.engine))
+    allow_pipe(options.allow_pipe)
+    allow_pickle(options.allow_pickle)
+    for module in options.preload:
+        importlib.import_module(module)
+    _Helper(conn, options).run(recipe)
+
+
+class _Helper:
+    def __init__(self, conn: Any, options: HelperOptions) -> None:
+        self.conn = conn
+        self.options = options
+        self.stop = threading.Event()
+        self.credits = threading.Semaphore(options.buffer)
+        self.writer = SegmentWriter(options.prefix)
+        self.segments = threading.Lock()  # held while a segment is made, and by a dying listener
+
+    def run(self, recipe: bytes) -> None:
+        threading.Thread(target=self._listen, name="shardstream-helper-listener", daemon=True).start()
+        try:
+            source = pickle.loads(recipe)
+            pipeline = pipeline_of(source)
+            if pipeline is not None and pipeline._passes_started:
+                # The parent's copy counted these passes; this fresh copy's stages catch up, as
+                # they would have in one process.
+                pipeline._advance_passes(pipeline._passes_started)
+            items = iter(source)
+            try:
+                self._send(("start", _report(pipeline)))
+                for item in items:
+                    self._take_credit()
+                    with self.segments:
+                        if self.stop.is_set():
+                            raise Stopped()
+                        encoded = self.writer.encode(item)
+                    self._send(("item", encoded, _report(pipeline)))
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
+            self._send(("end", _report(pipeline)))
+        except Stopped:
+            pass
+        except BaseException as exc:  # shipped to the parent and raised there
+            self._send_failure(exc)
+        # Stay until the parent has taken everything (it says "stop"), or is gone.
+        while not self.stop.wait(_LISTEN_S):
+            pass
+
+    def _send(self, message: Any) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:  # the parent is gone; the listener ends us
+            self.stop.set()
+            raise Stopped() from None
+
+    def _send_failure(self, exc: BaseException) -> None:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            payload: Optional[bytes] = pickle.dumps(exc)
+            pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+        except Exception:
+            payload = None
+        try:
+            self._send(("error", payload, text, type(exc).__name__, str(exc), os.getpid()))
+        except Stopped:
+            pass
+
+    def _take_credit(self) -> None:
+        while not self.credits.acquire(timeout=_POLL_S):
+            if self.stop.is_set():
+                raise Stopped()
+
+    def _listen(self) -> None:
+        conn, parent = self.conn, self.options.parent_pid
+        try:
+            while True:
+                if conn.poll(_LISTEN_S):
+                    message = conn.recv()
+                    if message == "credit":
+                        self.credits.release()
+                    elif message == "stop":
+                        break
+                elif not _alive(parent):
+                    self._die()
+        except (EOFError, OSError):
+            self._die()  # the parent closed the pipe without a word: it died
+        self.stop.set()
+        deadline = threading.Timer(_STOP_GRACE_S, self._die)  # the pipeline did not close in time
+        deadline.daemon = True
+        deadline.start()
+
+    def _die(self) -> None:
+        """Remove the segments the parent never took, and exit now (no cleanup can hang)."""
+        self.stop.set()
+        self.segments.acquire(timeout=_STOP_GRACE_S)
+        made = self.writer.sequence
+        unlink_segments(self.options.prefix, max(0, made - self.options.buffer - 1), made)
+        os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

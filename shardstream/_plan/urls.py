@@ -1,0 +1,65 @@
+"""Turning a shard spec into a list of URLs: braces, `::` lists, `${VAR}` substitution.
+
+This layer opens nothing. Globs and prefixes that need a listing are expanded by the fetch layer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterable, List, Union
+
+import braceexpand
+
+from .._base.errors import UsageError
+
+__all__ = ["envlookup", "envsubst", "expand_urls", "shard_name"]
+
+_VAR = re.compile(r"\$\{(\w+)\}")
+
+
+def envlookup(match: "re.Match[str]") -> str:
+    """The value for a `${NAME}` match: WDS_NAME, else NAME (webdataset reads only WDS_NAME).
+
+    Raises:
+        UsageError: neither variable is set.
+    """
+    name = match.group(1)
+    # webdataset looks up ${NAME} as WDS_NAME; plain NAME is accepted as a fallback.
+    for key in ("WDS_" + name, name):
+        if key in os.environ:
+            return os.environ[key]
+    raise UsageError(f"shard spec refers to ${{{name}}} but neither WDS_{name} nor {name} is set")
+
+
+def envsubst(spec: str) -> str:
+    """Replace `${NAME}` by the value of WDS_NAME (or NAME), repeatedly, at most ten rounds."""
+    for _ in range(10):
+        expanded = _VAR.sub(envlookup, spec)
+        if expanded == spec:
+            break
+        spec = expanded
+    return spec
+
+
+def expand_urls(urls: Union[str, Iterable[str]]) -> List[str]:
+    """Expand a shard spec into a list of URLs.
+
+    A string is split on `::`, each part gets `${VAR}` substitution and brace expansion
+    (`train-{000..099}.tar`). Any other iterable is taken as a list of URLs as it is (the 0.2.x
+    behaviour that OpenCLIP relies on; webdataset 1.0.2 crashes on a list).
+    """
+    if isinstance(urls, str):
+        result: List[str] = []
+        for part in urls.split("::"):
+            result.extend(braceexpand.braceexpand(envsubst(part)))
+    else:
+        result = list(urls)
+    if any(isinstance(url, str) and not url.strip() for url in result):
+        raise UsageError(f"an empty shard URL in {urls!r} (a stray '::', or an empty list entry)")
+    return result
+
+
+def shard_name(url: str) -> str:
+    """The file name of a shard URL or path, without query or fragment (what sizes.json keys)."""
+    return url.split("#", 1)[0].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]

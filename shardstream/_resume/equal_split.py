@@ -1,0 +1,284 @@
+"""`split_by_node` with equal work per rank where sample counts are cheap to know.
+
+webdataset's `split_by_node` hands every world_size-th *shard* to a rank, so ranks with larger
+shards run longer and DDP hangs at the end of an epoch. Here the node splitter decides, per
+pass and identically on every rank, how to split:
+
+- world size 1: there is nothing to balance. The shards pass in the epoch's order, split over
+  the DataLoader workers shard by shard; nothing is counted or read.
+- every shard's sample count is cheap to know (`counts=` given in code, `sizes.json` beside the
+  shards, `.idx` files, or local uncompressed shards whose headers are walked memory-mapped; see
+  `_counts`): the scheduler gives every rank the same number of samples (the < world_size
+  leftover samples of an epoch are dropped by default), its workers equal parts, and a new shard
+  order every epoch, the same on all ranks.
+- otherwise (remote shards without counts): webdataset's split, shard by shard, with a one-time
+  warning naming the fixes. Nothing downloads the dataset to count it unless asked:
+  `count_shards=True` (or SHARDSTREAM_COUNT_SHARDS=1) reads the uncounted shards once, in
+  parallel, through the loader's fetchers and cache.
+
+Items are yielded as `dict(url, start, stop)`, already cut for this worker.
+
+Resume: a loader's saved state holds, per DataLoader worker, the resume position of the last
+item delivered (see `_positions`), and its layout says when the pass was split shard by shard.
+With every rank's state (`history`), `resume_state` turns those into the samples each old rank
+had not delivered, so the epoch can be finished on another world size or worker count
+(`ShardScheduler.resume_plan` shares them out); that needs every shard's count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import warnings
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
+
+from .._shard.counts import cheap_counts, read_counts
+from .._base.errors import UsageError
+from .._plan.ranks import pytorch_worker_info
+from .states import worker_view
+from .._shard.samples import TarShardSamples, source_url
+from .._plan.elastic import merge_ranges, ranges_length, take_ranges
+from .._plan.scheduler import SchedulerConfig, SchedulerState, Shard, ShardScheduler, Slice
+from .._stages.contract import PipelineStage
+from .._tar.reader import TarMember
+
+__all__ = ["EqualSplit", "SHARD_SPLIT", "WORKER_SPLIT", "check_history", "resume_state"]
+
+WORKER_SPLIT = "worker_split"  # an item already cut for this worker: split_by_worker lets it pass
+SHARD_SPLIT = "shards"  # a layout's "node_split" when a pass was split shard by shard
+COUNT_SHARDS_ENV = "SHARDSTREAM_COUNT_SHARDS"
+_warned = False
+
+
+def _warn_uncounted(missing: int, total: int) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    warnings.warn(
+        f"split_by_node: {missing} of {total} shards have no known sample count (no sizes.json or .idx "
+        "beside them, not local uncompressed tars), so ranks get equal numbers of shards, as in webdataset, "
+        "not equal numbers of samples; DDP ranks may then run uneven epochs. To split by samples: write the "
+        "counts once with `shardstream index SHARDS` (sizes.json), pass EqualSplit(counts=...), or let the "
+        f"loader count them by reading the shards (EqualSplit(count_shards=True) or {COUNT_SHARDS_ENV}=1).",
+        stacklevel=2,
+    )
+
+
+def _pieces(plan: List[Slice]) -> List[Slice]:
+    """The slices the splitter hands on (empty ones are skipped)."""
+    return [p for p in plan if p.stop is None or p.stop > p.start]
+
+
+def check_history(history: Sequence[Mapping[str, Any]]) -> Dict[int, Mapping[str, Any]]:
+    """Check that saved states are one checkpoint of every rank of one layout; by rank."""
+    if not history:
+        raise UsageError("no saved states to resume from")
+    first = history[0]
+    layout = first.get("layout")
+    if layout is None:
+        raise UsageError("the saved state has no layout (saved by an older version): resume on the same layout")
+    world, workers, epoch = int(layout["world_size"]), int(layout["num_workers"]), int(first.get("epoch") or 0)
+    by_rank: Dict[int, Mapping[str, Any]] = {}
+    for state in history:
+        lay = state.get("layout") or {}
+        if (lay.get("world_size"), lay.get("num_workers"), int(state.get("epoch") or 0)) != (world, workers, epoch):
+            raise UsageError("the saved states are of different epochs or layouts")
+        if state.get("split") != first.get("split") or lay.get("node_split") != layout.get("node_split"):
+            raise UsageError("the saved states come from different resumed runs")
+        by_rank[int(lay["rank"])] = state
+    if sorted(by_rank) != list(range(world)) or len(history) != world:
+        raise UsageError(f"resuming on a new layout needs the states of all {world} ranks, got ranks "
+                         f"{sorted(int(s['layout']['rank']) for s in history)}")
+    return by_rank
+
+
+Replay = Callable[[int, int, int, int, int, int, int], List[int]]
+
+
+def resume_state(
+    scheduler: ShardScheduler, history: Sequence[Mapping[str, Any]], replay: Optional[Replay] = None
+) -> SchedulerState:
+    """The scheduler state at a checkpoint, from every rank's saved loader state.
+
+    Each state has "epoch", "layout" {rank, world_size, num_workers}, "per_worker" (items
+    delivered), "positions" (per worker, of its last item) and "split" (the history its own
+    epoch was resumed from, or None). The result assigns each old rank exactly the samples none
+    of its workers had delivered, so `resume_plan` on any layout shares out just those.
+
+    A seek position [pass, slice, sample, offset] means the worker delivered the samples of the
+    slices it finished plus `sample` of the current one. A count position [pass, n] means the
+    samples its shuffle buffer (the pipeline's pivot) had handed on: `replay(epoch, rank,
+    world_size, worker, num_workers, length, n)` gives their offsets in the worker's part by
+    running the same seeded buffer over the offsets 0..length-1.
+    """
+    by_rank = check_history(history)
+    first = history[0]
+    world, workers = int(first["layout"]["world_size"]), int(first["layout"]["num_workers"])
+    epoch = int(first.get("epoch") or 0)
+    previous = first.get("split")
+    origin = (
+        scheduler.rebase(resume_state(scheduler, previous, replay), world, workers) if previous
+        else scheduler.fresh_state(epoch, world, workers)
+    )
+    by_shards = not previous and first["layout"].get("node_split") == SHARD_SPLIT
+
+    def undelivered(rank: int, worker: int) -> List[Tuple[int, int]]:
+        """The epoch positions of this worker's part that its saved position had not delivered."""
+        if by_shards:
+            part = scheduler.shard_part_ranges(epoch, rank, world, worker, workers)
+        else:
+            part = scheduler.part_ranges(origin, rank, world, worker, workers)
+        length = ranges_length(part)
+        per_worker, positions = worker_view(by_rank[rank])
+        position = positions.get(worker)
+        if position is None:
+            if per_worker.get(worker, 0):
+                raise UsageError("resuming on a new layout needs resume positions, and this state has none")
+            return part
+        if int(position[0]):
+            raise UsageError("resuming on a new layout is not supported after with_epoch/repeat passes")
+        if len(position) == 4:  # seek: a prefix of the part
+            if by_shards:  # every shard was an item, empty ones too
+                pieces = scheduler.shard_plan(epoch, rank, world, worker, workers)
+            else:
+                pieces = _pieces(scheduler.resume_plan(origin, rank, world, worker, workers))
+            return take_ranges(part, sum(p.count or 0 for p in pieces[: int(position[1])]) + int(position[2]), length)
+        if replay is None:
+            raise UsageError("resuming on a new layout with a count position needs the pipeline's seeded shuffle")
+        delivered = set(replay(epoch, rank, world, worker, workers, length, int(position[1])))
+        runs = itertools.groupby(range(length), key=lambda offset: offset in delivered)
+        return [r for done, offsets in runs if not done for r in _span(part, list(offsets))]
+
+    assigned = [merge_ranges(r for worker in range(workers) for r in undelivered(rank, worker)) for rank in range(world)]
+    fresh = SchedulerState.fresh(epoch, world, workers, shards=origin.shards, samples=origin.samples)
+    return dataclasses.replace(fresh, assigned=assigned, generation=origin.generation)
+
+
+def _span(part: List[Tuple[int, int]], offsets: List[int]) -> List[Tuple[int, int]]:
+    """The epoch positions of consecutive offsets [first, last] of a worker's part."""
+    return take_ranges(part, offsets[0], offsets[-1] + 1)
+
+
+class EqualSplit(PipelineStage):
+    """Node (and worker) splitter: equal samples per rank when sample counts are cheap to know,
+    else webdataset's shard-by-shard split (see the module doc for the rule).
+
+    Args:
+        seed: seeds the per-epoch shard order; must be the same on every rank.
+        shuffle: reshuffle the shard order every epoch (False: keep the incoming order).
+        remainder: "drop" (default) or "wrap" for the samples that do not divide evenly.
+        group: the torch.distributed group that defines rank and world size.
+        counts: sample counts by URL or file name (e.g. a loaded sizes.json).
+        count_shards: read the shards that nothing cheaper counts, once, in parallel through the
+            loader's fetchers and cache (default: the SHARDSTREAM_COUNT_SHARDS variable, else off).
+    """
+
+    name = "split_by_node"
+
+    def __init__(
+        self, seed: int = 0, shuffle: bool = True, remainder: str = "drop", group: Any = None,
+        counts: Optional[Mapping[str, int]] = None, count_shards: Optional[bool] = None,
+    ) -> None:
+        self.config = SchedulerConfig(seed=int(seed), shuffle=shuffle, remainder=remainder)
+        self.group = group
+        self.epoch: Optional[int] = None
+        self.passes = 0
+        self.history: Optional[List[Mapping[str, Any]]] = None  # the next pass resumes from these states
+        self.replay: Optional[Replay] = None  # recomputes count positions (see resume_state)
+        self.given = {str(k): int(v) for k, v in (counts or {}).items()}
+        if count_shards is None:
+            count_shards = os.environ.get(COUNT_SHARDS_ENV, "0").lower() not in ("", "0", "false", "no")
+        self.count_shards = bool(count_shards)
+        # How to read a shard to count it: WebDataset sets its own reader (its cache, its fetch
+        # options); else a plain reader through the fetchers.
+        self.reader: Optional[Callable[[str], Iterable[List[TarMember]]]] = None
+        # What is known, kept on the stage: a loader fills it in the main process before starting
+        # its workers, so they get it with the dataset instead of each looking again.
+        self.counts: Dict[str, int] = {}
+        self.uncounted: Set[str] = set()  # no cheap count: not looked up again
+        self.mode: Optional[str] = None  # "samples" or SHARD_SPLIT, as the last pass decided
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use this epoch number for the next passes (else each pass counts as a new epoch)."""
+        self.epoch = epoch
+
+    def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        rank, world, worker, workers = pytorch_worker_info(group=self.group)
+        epoch = self.epoch if self.epoch is not None else self.passes
+        self.passes += 1
+        history, self.history = self.history, None
+        urls = [source_url(item, False)[0] for item in src]
+        if not urls:
+            return
+        if history:
+            scheduler = ShardScheduler(self._shards(urls, self._counts(urls, required=True)), self.config)
+            plan = _pieces(scheduler.resume_plan(resume_state(scheduler, history, self.replay), rank, world, worker, workers))
+        else:
+            counts = self.prepare(urls, world)
+            scheduler = ShardScheduler(self._shards(urls, counts), self.config)
+            if counts is None:
+                plan = scheduler.shard_plan(epoch, rank, world, worker, workers)
+            elif not scheduler.samples_per_rank(epoch, world):
+                raise ValueError(
+                    f"the epoch has {sum(counts)} samples in {len(urls)} shards: "
+                    f"fewer than the {world} ranks, so every rank would get none"
+                )
+            else:
+                plan = _pieces(scheduler.plan(epoch, rank, world, worker, workers))
+        for piece in plan:
+            yield {"url": piece.url, "start": piece.start, "stop": piece.stop, WORKER_SPLIT: True}
+
+    def prepare(self, urls: List[str], world: Optional[int] = None) -> Optional[List[int]]:
+        """Decide how to split these shards on this world size: their sample counts (split by
+        samples) or None (shard by shard); `mode` records it. A loader calls this in its main
+        process before starting workers, so they inherit what it found."""
+        if world is None:
+            world = pytorch_worker_info(group=self.group)[1]
+        counts = None if world == 1 else self._counts(urls, required=False)  # world 1: nothing to balance, read nothing
+        self.mode = "samples" if counts is not None else SHARD_SPLIT
+        return counts
+
+    def _counts(self, urls: List[str], required: bool) -> Optional[List[int]]:
+        """Every shard's sample count from what is cheap, then (count_shards) by reading; None
+        when some stay unknown (an error when `required`)."""
+        missing = [url for url in dict.fromkeys(urls) if url not in self.counts and (required or url not in self.uncounted)]
+        if missing:
+            found = cheap_counts(missing, self.given)
+            self.counts.update((url, n) for url, n in zip(missing, found) if n is not None)
+            missing = [url for url, n in zip(missing, found) if n is None]
+        if missing and self.count_shards:
+            self.counts.update(zip(missing, read_counts(missing, self.reader or TarShardSamples().batches)))
+            missing = []
+        self.uncounted.update(missing)
+        if any(url not in self.counts for url in urls):
+            unknown = sum(1 for url in dict.fromkeys(urls) if url not in self.counts)
+            if required:
+                raise UsageError(
+                    f"resuming on a new layout needs every shard's sample count; {unknown} of {len(urls)} shards "
+                    "have none: write sizes.json with `shardstream index`, pass EqualSplit(counts=...) or "
+                    "EqualSplit(count_shards=True)"
+                )
+            _warn_uncounted(unknown, len(set(urls)))
+            return None
+        return [self.counts[url] for url in urls]
+
+    @staticmethod
+    def _shards(urls: List[str], counts: Optional[List[int]]) -> List[Shard]:
+        return [Shard(url, None if counts is None else counts[i]) for i, url in enumerate(urls)]
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        return self.run(src)

@@ -1,0 +1,122 @@
+"""What a saved loader state must be before it is loaded: its format, its fields, and what it
+describes.
+
+Every state a pipeline or WebLoader saves carries `format` (STATE_FORMAT) and `fingerprint`:
+a digest of the shard list (URLs without their query strings, so re-signed URLs still match)
+and the pipeline's shape (each stage's name and its plain arguments: `batched(64)` is not
+`batched(32)`, whose item counts mean other things). `check_state` refuses, saying what
+differs: a state that is not a dict (or a list of them), one without the fields a state has,
+fields of the wrong type or out of range, a newer format, or another dataset or pipeline.
+States saved before formats were recorded (no `format`) load without a fingerprint check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Dict, List, Mapping, Sequence
+
+from .._base.errors import UsageError
+
+__all__ = ["STATE_FORMAT", "check_state", "fingerprint"]
+
+STATE_FORMAT = 2  # 1: the states saved before this field existed
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _label(stage: Any) -> str:
+    """A stage's name and its plain (int, str, ...) arguments: what changes what its items are."""
+    name = getattr(stage, "name", None)
+    if not isinstance(name, str):
+        name = getattr(stage, "__name__", None) or type(stage).__name__
+    args = [repr(a) for a in getattr(stage, "args", ()) if isinstance(a, _PLAIN)]
+    kw = getattr(stage, "kw", None) or {}
+    # (a seed drawn at random per process would refuse every resume: unseeded resumes warn instead)
+    args += [f"{k}={v!r}" for k, v in sorted(kw.items()) if isinstance(v, _PLAIN) and k not in ("seed", "rng")]
+    return f"{name}({', '.join(args)})" if args else name
+
+
+def _shards(source: Any) -> Dict[str, Any]:
+    urls = getattr(source, "urls", None)
+    if not (isinstance(urls, (list, tuple)) and all(isinstance(u, str) for u in urls)):
+        return {"source": type(source).__name__}
+    digest = hashlib.blake2b(digest_size=12)
+    for url in urls:
+        digest.update(url.split("?", 1)[0].encode("utf-8", "surrogateescape") + b"\n")
+    return {"count": len(urls), "digest": digest.hexdigest()}
+
+
+def fingerprint(stages: Sequence[Any]) -> Dict[str, Any]:
+    """What a state saved from a pipeline of these stages describes."""
+    return {"shards": _shards(stages[0]) if stages else None, "stages": [_label(s) for s in stages]}
+
+
+_COUNTERS = {"delivered", "passes", "loader_delivered"}
+
+
+def _check_fields(state: Mapping[str, Any], kind: str) -> None:
+    required = {"per_worker"} if kind == "loader" else {"delivered"}
+    missing = required - set(state)
+    if missing:
+        raise UsageError(
+            f"not a saved {kind} state: it has no {', '.join(sorted(missing))} (keys: {sorted(state)[:8]}); "
+            f"pass what {'WebLoader' if kind == 'loader' else 'the dataset'}.state_dict() returned"
+        )
+    for key in _COUNTERS & set(state):
+        value = state[key]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise UsageError(f"saved state field {key!r} must be a count >= 0, got {value!r}")
+    per_worker = state.get("per_worker") or {}
+    if not isinstance(per_worker, Mapping) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in per_worker.values()
+    ):
+        raise UsageError(f"saved state field 'per_worker' must map workers to counts >= 0, got {per_worker!r}")
+    positions = list((state.get("positions") or {}).values()) + [state.get("position")]
+    for position in positions:
+        if position is None:
+            continue
+        ok = isinstance(position, (list, tuple)) and len(position) in (2, 4) and all(
+            isinstance(v, int) and v >= 0 for v in position[:3]
+        ) and (len(position) == 2 or position[3] is None or (isinstance(position[3], int) and position[3] >= 0))
+        if not ok:
+            raise UsageError(f"saved state has a malformed resume position {position!r}")
+    epoch = state.get("epoch")
+    if epoch is not None and (not isinstance(epoch, int) or epoch < 0):
+        raise UsageError(f"saved state field 'epoch' must be None or an int >= 0, got {epoch!r}")
+
+
+def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    if saved.get("shards") != expected["shards"]:
+        raise UsageError(
+            f"the saved state is of another dataset: it was saved over shards {saved.get('shards')}, "
+            f"this pipeline reads {expected['shards']}"
+        )
+    if list(saved.get("stages") or []) != expected["stages"]:
+        raise UsageError(
+            f"the saved state is of another pipeline: saved stages {saved.get('stages')}, "
+            f"this one's {expected['stages']}"
+        )
+
+
+def check_state(state: Any, stages: Sequence[Any], kind: str) -> List[Dict[str, Any]]:
+    """The saved states in `state` (one, or every rank's list), checked against a pipeline of
+    `stages`; `kind` is "dataset" or "loader". Raises UsageError saying what is wrong."""
+    if isinstance(state, Mapping):
+        states = [state]
+    elif isinstance(state, (list, tuple)) and state and all(isinstance(s, Mapping) for s in state):
+        states = list(state)
+    else:
+        raise UsageError(
+            "a saved state is the dict state_dict() returned, or the list of every rank's "
+            f"(gather_states), got {type(state).__name__}"
+            + (" (empty)" if isinstance(state, (list, tuple)) else "")
+        )
+    expected = fingerprint(stages)
+    for saved in states:
+        version = saved.get("format", 1)
+        if not isinstance(version, int) or version > STATE_FORMAT:
+            raise UsageError(f"the state was saved by a newer shardstream (state format {version!r}); "
+                             f"this one reads formats up to {STATE_FORMAT}: upgrade shardstream")
+        _check_fields(saved, kind)
+        if version >= 2:
+            _check_fingerprint(saved.get("fingerprint") or {}, expected)
+    return [dict(s) for s in states]

@@ -1,0 +1,94 @@
+"""Saved states across ranks, and the stages a resume must be able to run again.
+
+`choose_state` picks this process's own state out of every rank's (or decides to resume
+elastically); `gather_states` collects them over torch.distributed; `replayable` and
+`replay_offsets` recompute what a seeded shuffle buffer handed on, for an elastic resume;
+`unseeded_stages` names the random stages that make a resume inexact; `worker_view` reads the
+per-worker progress of either kind of saved state.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .._base.errors import UsageError
+from .._plan.ranks import simulated_layout
+from .._stages.contract import PipelineStage, StreamStage
+from .._stages.stream_filters import _rsample, _shuffle
+
+__all__ = ["choose_state", "gather_states", "replay_offsets", "replayable", "unseeded_stages", "worker_view"]
+
+
+def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
+    """(this process's own saved state, None) when `state` (one state or every rank's list)
+    holds one saved on this very layout and rank, else (None, all states) to resume elastically."""
+    states = [dict(s) for s in state] if isinstance(state, (list, tuple)) else [dict(state)]
+    for candidate in states:
+        saved = candidate.get("layout")
+        if saved is None and len(states) == 1:
+            return candidate, []  # saved before layouts were recorded: take it as ours
+        if saved == layout:
+            return candidate, []
+    if any(s.get("layout") is None for s in states):
+        raise UsageError("every saved state needs its layout to resume on another one")
+    return None, states
+
+
+def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, Any]]:
+    """Every rank's loader state, gathered with torch.distributed (a collective: call it on all
+    ranks at the same step); [state] when not distributed. Save the list to resume on any
+    world size or worker count."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return [state]
+    result: List[Any] = [None] * dist.get_world_size(group=group)
+    dist.all_gather_object(result, state, group=group)
+    return result
+
+
+def replayable(stage: Any) -> bool:
+    """Whether a shuffle stage gives the same order when run again on the same items (seeded)."""
+    if getattr(stage, "replayable", False):
+        return True
+    return (
+        isinstance(stage, StreamStage) and stage.f is _shuffle
+        and stage.kw.get("seed") is not None and stage.kw.get("rng") is None and len(stage.args) < 3
+    )
+
+
+def replay_offsets(stage: Any, epoch: int, rank: int, world: int, worker: int, workers: int,
+                    length: int, count: int) -> List[int]:
+    """The first `count` outputs of a fresh copy of `stage` fed 0..length-1 as (rank, worker)."""
+    stage = copy.copy(stage)
+    if hasattr(stage, "set_epoch"):
+        stage.set_epoch(epoch)
+    with simulated_layout(rank, world, worker, workers):
+        run = stage.run if isinstance(stage, PipelineStage) else stage
+        return list(itertools.islice(run(iter(range(length))), count))
+
+
+def unseeded_stages(stages: Sequence[Any]) -> List[str]:
+    """Names of the stages whose random choices another run cannot make again."""
+    names = [
+        "sample shuffle" for s in stages
+        if isinstance(s, StreamStage) and s.f is _shuffle and s.kw.get("seed") is None
+        and s.kw.get("rng") is None and len(s.args) < 3
+    ]
+    names += ["rsample" for s in stages if isinstance(s, StreamStage) and s.f is _rsample]
+    # RandomMix, ResampledShards without a seed
+    names += [type(s).__name__ for s in stages if getattr(s, "deterministic", True) is False]
+    return names
+
+
+def worker_view(state: Optional[Dict[str, Any]]) -> Tuple[Dict[int, int], Dict[int, Any]]:
+    """(items delivered, resume position) by worker number: a WebLoader state has them per
+    DataLoader worker, a DataPipeline state one of each (its process is worker 0)."""
+    if not state:
+        return {}, {}
+    if "per_worker" not in state:
+        return {0: state.get("delivered", 0)}, {0: state.get("position")}
+    counts = {int(k): v for k, v in (state.get("per_worker") or {}).items()}
+    return counts, {int(k): v for k, v in (state.get("positions") or {}).items()}

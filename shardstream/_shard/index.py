@@ -1,0 +1,111 @@
+"""Shard indexes: per-sample byte offsets (`.idx`) and per-shard sample counts (`sizes.json`).
+
+An `.idx` file has one line per sample, "OFFSET KEY", where OFFSET is the byte offset of the
+sample's first member header in the uncompressed tar stream. `sizes.json` maps shard file names
+to sample counts (the format webdataset's tools and wids use).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Iterable, List, Tuple
+
+from .._tar.keys import base_plus_ext, is_meta
+from .members import is_compressed_file, iter_members, mapped_member_batches
+from .._fetch.open import local_path_of
+from .._tar.reader import TarMember
+
+__all__ = [
+    "ShardSummary", "index_position", "read_index", "scan_shard", "summarize", "walk_shard", "write_index", "write_sizes",
+]
+
+
+class ShardSummary:
+    """What a full scan of one shard found."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.members = 0
+        self.bytes = 0
+        self.samples: List[Tuple[int, str]] = []  # (offset, key)
+        self.fields: Dict[str, int] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.samples)
+
+
+def scan_shard(url: str, chunks: Iterable[bytes]) -> ShardSummary:
+    """Read a whole shard and record its samples' offsets and keys; raises FormatError."""
+    return summarize(url, iter_members(chunks, url))
+
+
+def walk_shard(path: str, url: str) -> ShardSummary:
+    """The summary of a local uncompressed shard from its headers alone (memory-mapped: the
+    payload pages are never read); `bytes` stays 0. Raises FormatError."""
+    return summarize(url, (m for batch in mapped_member_batches(path, url, payloads=False) for m in batch))
+
+
+def summarize(url: str, members: Iterable[TarMember]) -> ShardSummary:
+    """Samples (offset, key) and extension counts of a shard's members, by webdataset's key rules."""
+    summary = ShardSummary(url)
+    current = None
+    for name, data, offset in members:
+        summary.members += 1
+        summary.bytes += len(data)
+        if is_meta(name):
+            continue
+        key, ext = base_plus_ext(name)
+        if key is None:
+            continue
+        ext = ext.lower()
+        summary.fields[ext] = summary.fields.get(ext, 0) + 1
+        if key != current:
+            summary.samples.append((offset, key))
+            current = key
+    return summary
+
+
+def write_index(path: str, summary: ShardSummary) -> None:
+    """Write `.idx` atomically (temp file, then rename)."""
+    temp = f"{path}.tmp{os.getpid()}"
+    with open(temp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        for offset, key in summary.samples:
+            f.write(f"{offset} {key}\n")
+    os.replace(temp, path)
+
+
+def read_index(path: str) -> List[Tuple[int, str]]:
+    """Read an `.idx` file into [(offset, key), ...]."""
+    result = []
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            offset, _, key = line.rstrip("\n").partition(" ")
+            result.append((int(offset), key))
+    return result
+
+
+def write_sizes(path: str, counts: Dict[str, int]) -> None:
+    """Write (or merge into) a `sizes.json` mapping shard names to sample counts."""
+    existing: Dict[str, int] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            existing = json.load(f)
+    existing.update(counts)
+    temp = f"{path}.tmp{os.getpid()}"
+    with open(temp, "w") as f:
+        json.dump(dict(sorted(existing.items())), f, indent=1)
+    os.replace(temp, path)
+
+
+def index_position(url: str, sample: int) -> Tuple[int, int]:
+    """Where to start reading to reach sample number `sample` of a shard: (byte offset, samples
+    still to skip from there). Uses the `.idx` beside a local shard; (0, sample) without one."""
+    path = local_path_of(url)
+    if path is None or not os.path.exists(path + ".idx") or is_compressed_file(path):
+        return 0, sample  # (a gzip shard's offsets are in the inflated stream: no seeking)
+    entries = read_index(path + ".idx")
+    if sample >= len(entries):
+        return 0, sample
+    return entries[sample][0], 0

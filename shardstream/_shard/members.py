@@ -1,0 +1,164 @@
+"""The members of a shard, from its bytes: the I/O side of the sans-IO tar reader.
+
+Local uncompressed shards are memory-mapped and parsed in place (`TarReader.feed_view`), so each
+payload is copied exactly once, from the page cache into its `bytes`. Everything else (gzip,
+pipes, remote streams, caches) is fed to the reader chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+
+from .._base.errors import FetchError, ShardNotFound
+from .._tar.codecs import MAGIC_BYTES, sniff
+from .._base.malloc import tune_malloc
+from .._engine.stats import SourceStats
+from .._tar.reader import TAIL_SCAN, TarMember, TarReader
+
+__all__ = ["chunk_member_batches", "is_compressed_file", "iter_members", "mapped_member_batches", "member_batches"]
+
+WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members held at once
+_PAGE = mmap.PAGESIZE
+
+
+def iter_members(chunks: Iterable[bytes], url: Optional[str] = None) -> Iterator[TarMember]:
+    """The regular members of a shard given as byte chunks (raises FormatError)."""
+    reader = TarReader(url)
+    for chunk in chunks:
+        yield from reader.feed(chunk)
+    yield from reader.close()
+
+
+def chunk_member_batches(
+    chunks: Iterable[bytes], url: str, stats: Optional[SourceStats] = None, start_offset: int = 0,
+    info: Optional[Dict[str, Any]] = None,
+) -> Iterator[List[TarMember]]:
+    """Lists of members, one per chunk fed (many lists may be empty); chunks begin at start_offset.
+    `info["compressed"]` tells whether the shard turned out to be gzip."""
+    reader = TarReader(url, start_offset=start_offset)
+    feed = reader.feed
+    sized = hasattr(chunks, "size")  # a ChunkStream learns the object's size from the response
+    try:
+        for chunk in chunks:
+            if sized and chunks.size is not None:  # type: ignore[attr-defined]
+                reader.limit(chunks.size)  # type: ignore[attr-defined]
+                sized = False
+            if stats is not None:
+                stats.add(nbytes=len(chunk))
+            members = feed(chunk)
+            if info is not None:
+                info["compressed"] = reader.compressed
+            yield members
+        yield reader.close()
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def mapped_member_batches(
+    path: str, url: str, stats: Optional[SourceStats] = None, start_offset: int = 0, payloads: bool = True
+) -> Iterator[List[TarMember]]:
+    """Lists of members of an uncompressed local shard, parsed in place from a memory map.
+
+    Headers and small payloads are copied out of the map; large payloads are read with os.pread,
+    which releases the GIL, so several shards can be read in parallel threads. With
+    `payloads=False` the members' data is empty and only header pages are read (a sample count
+    of a local shard costs one page per member, not the shard's size).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exn:
+        raise ShardNotFound("shard not found", url=url) from exn
+    except OSError as exn:
+        raise FetchError(f"cannot open shard: {exn}", url=url) from exn
+    mapped = view = None
+    try:
+        size = os.fstat(fd).st_size
+        reader = TarReader(url, start_offset=start_offset, payloads=payloads, size=size)
+        if size == 0 or start_offset >= size:
+            yield reader.close()  # raises "empty file"
+            return
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        view = memoryview(mapped)
+        if hasattr(mapped, "madvise"):  # a header walk must not read ahead into the payloads
+            mapped.madvise(mmap.MADV_SEQUENTIAL if payloads else mmap.MADV_RANDOM)
+        pos = start_offset
+        released = start_offset - start_offset % _PAGE
+        while pos < size and not reader.finished:
+            window = WINDOW
+            while True:
+                stop = min(size, pos + window)
+                members, consumed = reader.feed_view(view[pos:stop], read_range=_preader(fd, pos, url))
+                if consumed or stop == size:
+                    break
+                window *= 2  # a member larger than the window
+            if consumed == 0:
+                break  # the rest is an incomplete member: feed() + close() report it
+            pos += consumed
+            if stats is not None:
+                stats.add(nbytes=consumed)
+            yield members
+            # Drop the pages behind us from this process's mapping: memory stays bounded by the
+            # window, not the shard (the page cache keeps them for the next reader).
+            done = pos - pos % _PAGE
+            if hasattr(mapped, "madvise") and done - released >= WINDOW:
+                mapped.madvise(mmap.MADV_DONTNEED, released, done - released)
+                released = done
+        if reader.finished:  # what follows the archive: only looked at for a stray header
+            rest = view[pos : min(size, pos + TAIL_SCAN)].tobytes()
+        else:
+            rest = view[pos:size].tobytes() if pos < size else b""
+        yield reader.feed(rest) + reader.close()
+    finally:
+        if view is not None:
+            view.release()
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:  # a view is still referenced (e.g. by a traceback): GC closes it
+                pass
+        os.close(fd)
+
+
+def _preader(fd: int, base: int, url: str) -> Callable[[int, int], bytes]:
+    def read_range(start: int, stop: int) -> bytes:
+        data = os.pread(fd, stop - start, base + start)
+        if len(data) != stop - start:
+            raise FetchError(f"file shrank while reading (short read at {base + start})", url=url)
+        return data
+
+    return read_range
+
+
+def is_compressed_file(path: str) -> bool:
+    """Whether the file at `path` starts like a gzip, bzip2 or xz stream (False if unreadable):
+    such a shard is streamed through its decompressor, never memory-mapped, and its member
+    offsets are in the decompressed stream."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(MAGIC_BYTES)
+    except OSError:
+        return False
+    return sniff(head)[0] is not None
+
+
+def member_batches(
+    url: str,
+    local_path: Optional[str],
+    open_chunks: Callable[[str, int], Iterable[bytes]],
+    stats: Optional[SourceStats] = None,
+    start_offset: int = 0,
+    info: Optional[Dict[str, Any]] = None,
+) -> Iterator[List[TarMember]]:
+    """Lists of members of shard `url` from byte `start_offset` (a header of an uncompressed
+    archive): mapped when it is a local uncompressed file, else fed in chunks. `info`, when
+    given, gets "compressed": whether member offsets can be used to seek in the shard's bytes."""
+    tune_malloc()
+    if local_path is not None and not is_compressed_file(local_path):
+        if info is not None:
+            info["compressed"] = False
+        return mapped_member_batches(local_path, url, stats, start_offset)
+    return chunk_member_batches(open_chunks(url, start_offset), url, stats, start_offset, info)

@@ -1,0 +1,408 @@
+"""From shard bytes to samples: the tar reader's members grouped by webdataset's key rules.
+
+`shard_samples` is the fused fast path for one shard (no per-member dicts, no nested
+generators). `TarShardSamples` is the pipeline stage that opens each URL and runs it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
+from urllib.parse import urlparse
+
+from .._base.errors import FormatError, ShardStreamError, UsageError
+from .._fetch.stream import ChunkStream, FetchOptions, fetches_natively, open_stream
+from .index import index_position
+from .._tar.keys import base_plus_ext, is_meta
+from .members import member_batches
+from .._fetch.open import iter_chunks, local_path_of
+from .._cache.shardcache import ShardCache
+from .._stages.contract import PipelineStage
+from .._engine.stats import SourceStats
+from .._tar.reader import TarMember
+from ..handlers import reraise_exception
+
+__all__ = ["ShardCursor", "TarShardSamples", "open_origin", "shard_range", "shard_samples", "source_url"]
+
+Handler = Callable[[BaseException], bool]
+
+
+def shard_samples(
+    batches: Iterable[List[TarMember]],
+    url: str,
+    *,
+    local_path: Optional[str] = None,
+    select_files: Optional[Callable[[str], bool]] = None,
+    rename_files: Optional[Callable[[str], str]] = None,
+    handler: Handler = reraise_exception,
+    skip: int = 0,
+    limit: Optional[int] = None,
+    cursor: Optional["ShardCursor"] = None,
+) -> Iterator[Dict[str, Any]]:
+    """Yield the samples of one shard, given its members in batches (see `_members`).
+
+    `skip` samples are dropped first and at most `limit` are yielded (a shard range). A `cursor`
+    is advanced before each yield: samples read, and the byte offset where the next one starts.
+
+    Consecutive members with the same key form a sample; samples never span shards. A format or
+    fetch error propagates (the caller's handler decides about the shard); the sample being
+    assembled when it happens is dropped, never yielded incomplete. Per-member errors
+    (rename_files, duplicate fields) go to `handler`.
+    """
+    if limit is not None and limit <= 0:
+        return
+    current: Optional[Dict[str, Any]] = None
+    current_key: Optional[str] = None
+    for members in batches:
+        for name, data, offset in members:
+            try:
+                if name.startswith("__") and is_meta(name):
+                    continue
+                if rename_files is not None:
+                    name = rename_files(name)
+                if select_files is not None and not select_files(name):
+                    continue
+                slash = name.rfind("/")
+                dot = name.find(".", slash + 1)
+                if dot > slash + 1 and "\n" not in name:
+                    key = name[:dot]
+                    ext = name[dot + 1 :].lower()
+                else:
+                    key, ext = base_plus_ext(name)
+                    if key is None:
+                        continue
+                    ext = ext.lower()
+                if key != current_key:
+                    if current is not None:
+                        if skip:
+                            skip -= 1
+                        else:
+                            if cursor is not None:
+                                cursor.advance(offset, limit == 1)
+                            yield current
+                            if limit is not None:
+                                limit -= 1
+                                if limit <= 0:
+                                    return
+                    current_key = key
+                    current = {"__key__": key, "__url__": url, ext: data}
+                    if local_path is not None:
+                        current["__local_path__"] = local_path
+                elif ext in current:  # type: ignore[operator]
+                    raise FormatError(f"duplicate file name in tar file: {ext!r}", url=url, member=name, offset=offset)
+                else:
+                    current[ext] = data  # type: ignore[index]
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                current = None
+                return
+    if current is not None and not skip and (limit is None or limit > 0):
+        if cursor is not None:
+            cursor.advance(None, True)
+        yield current
+
+
+class ShardCursor:
+    """Where a pass over a shard stream stands, sample by sample (for exact, seeking resume).
+
+    `position` is (item, sample, offset) after the last sample yielded: `item` shard-list items
+    have been passed, `sample` samples of the next one read (counted from the item's own
+    `start`), and `offset` is the byte offset in that shard's uncompressed tar where the next
+    sample begins (None: unknown, e.g. a gzip shard; resuming then skips samples from the
+    shard's start or its `.idx`).
+    """
+
+    __slots__ = ("item", "sample", "position", "info")
+
+    def __init__(self) -> None:
+        self.item = 0
+        self.sample = 0
+        self.position: Tuple[int, int, Optional[int]] = (0, 0, None)
+        self.info: Dict[str, Any] = {}
+
+    def start(self, item: int, sample: int = 0) -> None:
+        self.item, self.sample, self.info = item, sample, {}
+
+    def advance(self, offset: Optional[int], last: bool) -> None:
+        self.sample += 1
+        if last:  # the item is finished: resume with the next one
+            self.position = (self.item + 1, 0, None)
+        else:
+            self.position = (self.item, self.sample, offset if self.info.get("compressed") is False else None)
+
+
+_NO_ITEM = object()
+def _is_remote(url: str) -> bool:
+    """Shards fetched by the registry's async fetchers (the rest go through _open: files, pipe:, fsspec)."""
+    return fetches_natively(url)
+
+
+def open_origin(
+    url: str, start: int = 0, options: Optional[FetchOptions] = None, allow_pipe: Optional[bool] = None
+) -> Iterable[bytes]:
+    """The bytes of `url` from byte `start`, from where it lives: our async fetchers for
+    http(s) and s3 (retries, Range resume, one shared session), else files, `pipe:` and fsspec."""
+    if _is_remote(url):
+        return open_stream(url, options=options, start=start)
+    return iter_chunks(url, allow_pipe=allow_pipe, start=start)
+
+
+def _pulling(stream: ChunkStream) -> bool:
+    """A stream still downloading with room in its buffer (it holds a connection busy)."""
+    return stream.downloading and stream.buffered_bytes < stream.options.prefetch_bytes
+
+
+def shard_range(item: Any) -> tuple:
+    """(start, stop) sample indices of a shard-list item: dict(url=..., start=..., stop=...)."""
+    if isinstance(item, dict):
+        return item.get("start", 0) or 0, item.get("stop")
+    return 0, None
+
+
+def source_url(item: Any, find_local_path: bool = True) -> tuple:
+    """(url, local_path) from a shard-list item: a dict(url=..., [local_path=...]) or a string.
+
+    With find_local_path, plain paths and file: URLs are their own local path (what
+    WebDataset's opener reports as `__local_path__`; the function-style pipeline does not).
+    """
+    if isinstance(item, dict):
+        url = item["url"]
+        local_path = item.get("local_path")
+    else:
+        url, local_path = item, None
+    if local_path is None and find_local_path:
+        parsed = urlparse(url)
+        if parsed.scheme in ("", "file") and not url.startswith("pipe:") and url != "-":
+            local_path = parsed.path
+    return url, local_path
+
+
+class TarShardSamples(PipelineStage):
+    """Shard URLs in, samples out: webdataset's url_opener + tar_file_expander + group_by_keys, fused.
+
+    Args:
+        handler: webdataset handler for errors: True skips the rest of the failing shard (the
+            samples already delivered stay), False stops the stream, raising propagates.
+        select_files, rename_files: webdataset's member filters.
+        allow_pipe: allow `pipe:` URLs for this stage (default: the process-wide switch).
+        opener: `url -> iterable of byte chunks` (default: local files, pipe:, fsspec).
+        local_paths: add `__local_path__` for local shards (WebDataset does, the function-style
+            `tarfile_to_samples` does not).
+        cache: a ShardCache for remote shards (memory / disk tiers, stream-through); local
+            shards are read in place.
+        fetch_options: timeouts, retries, chunk and prefetch sizes for http(s) and s3 shards.
+        shards_in_flight: remote shards downloading at once: the next ones start while the
+            current one is parsed (each buffers at most fetch_options.prefetch_bytes ahead).
+    """
+
+    name = "tar_samples"
+
+    def __init__(
+        self,
+        handler: Handler = reraise_exception,
+        select_files: Optional[Callable[[str], bool]] = None,
+        rename_files: Optional[Callable[[str], str]] = None,
+        *,
+        allow_pipe: Optional[bool] = None,
+        opener: Optional[Callable[[str], Iterable[bytes]]] = None,
+        local_paths: bool = False,
+        cache: Optional[ShardCache] = None,
+        fetch_options: Optional[FetchOptions] = None,
+        shards_in_flight: int = 8,
+    ) -> None:
+        if shards_in_flight < 1:
+            raise ValueError("shards_in_flight must be >= 1")
+        self.cache = cache
+        self.fetch_options = fetch_options
+        self.shards_in_flight = shards_in_flight
+        self.local_paths = local_paths
+        self.source_stats = SourceStats()
+        self.handler = handler
+        self.select_files = select_files
+        self.rename_files = rename_files
+        self.allow_pipe = allow_pipe
+        self.opener = opener
+
+    def open(self, url: str, start: int = 0, ready: Optional[ChunkStream] = None) -> Iterable[bytes]:
+        """The shard's bytes from byte `start` in chunks: the opener, else the cache (remote
+        shards read from the start), else the origin. `ready` is a stream opened ahead."""
+        if self.opener is not None:
+            if start:
+                raise UsageError("a custom opener cannot start mid-shard", url=url)
+            return self.opener(url)
+        if self.cache is not None and not start and local_path_of(url) is None:
+            return self.cache.stream(url, lambda u: ready if ready is not None else self._origin(u))
+        return ready if ready is not None else self._origin(url, start)
+
+    def _origin(self, url: str, start: int = 0) -> Iterable[bytes]:
+        return open_origin(url, start, self.fetch_options, self.allow_pipe)
+
+    def _open_ahead(self, url: str, start: int) -> Optional[ChunkStream]:
+        """Start downloading a remote shard now (unless it is served from the cache)."""
+        if self.opener is not None or start or not _is_remote(url):
+            return None
+        if self.cache is not None and self.cache.will_serve(url):
+            return None
+        return open_stream(url, options=self.fetch_options)
+
+    def batches(
+        self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None, info: Optional[Dict[str, Any]] = None
+    ) -> Iterator[List[TarMember]]:
+        """The shard's members in batches; local files are memory-mapped (unless an opener is
+        set), everything else (disk-cache hits too: their blocks are checked as they are read)
+        is streamed."""
+        mappable = local_path_of(url) if self.opener is None else None
+        open_chunks = lambda u, s: self.open(u, s, ready)  # noqa: E731
+        return member_batches(url, mappable, open_chunks, self.source_stats, start_offset, info)
+
+    def _shard(
+        self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,
+        ready: Optional[ChunkStream] = None, cursor: Optional[ShardCursor] = None, offset: Optional[int] = None,
+    ) -> Iterator[Dict[str, Any]]:
+        """The samples [start, stop) of one shard. To start mid-shard it seeks to `offset` (the
+        byte offset of sample `start`, from a resume position) or to the offset in an `.idx`
+        beside a local shard; else it reads from the shard's start and skips."""
+        skip = 0
+        if self.opener is not None:  # it can only read a shard from its start
+            offset, skip = 0, start
+        elif offset is None:
+            offset, skip = index_position(url, start) if start else (0, 0)
+        if stop is not None and stop <= start:
+            return
+        info = cursor.info if cursor is not None and self.opener is None else None  # offsets only where we can seek
+        batches = self.batches(url, offset, ready if not offset else None, info)
+        samples = shard_samples(
+            batches,
+            url,
+            local_path=local_path,
+            select_files=self.select_files,
+            rename_files=self.rename_files,
+            handler=self.handler,
+            skip=skip,
+            limit=None if stop is None else stop - start,
+            cursor=cursor,
+        )
+        try:
+            yield from samples
+        finally:
+            samples.close()
+            batches.close()
+
+    def _counts_samples(self) -> bool:
+        """Whether this reader sees every sample a count counts (member filters may drop some)."""
+        return self.select_files is None and self.rename_files is None
+
+    def _failed(self, exn: Exception, url: str) -> bool:
+        """Apply the handler to a shard's error: True means go on with the next shard."""
+        if isinstance(exn, ShardStreamError):
+            exn.with_location(url=url)
+        self.source_stats.add(errors=1)
+        return bool(self.handler(exn))
+
+    seekable_source = True  # the engine can follow a cursor's `position` and resume a pass at one
+
+    @staticmethod
+    def cursor() -> ShardCursor:
+        """A fresh cursor to pass to `run`."""
+        return ShardCursor()
+
+    def run(
+        self, src: Iterable[Any], position: Optional[Sequence[Any]] = None, cursor: Optional[ShardCursor] = None
+    ) -> Iterator[Dict[str, Any]]:
+        """The samples of the shards in `src`. A `cursor` follows the position of the last
+        sample yielded; `position` (a cursor position from an earlier pass over the same shard
+        stream) resumes right after that sample: the items before it are not opened, and its
+        shard is entered at the saved byte offset."""
+        items = iter(src)
+        cursor = cursor if cursor is not None else ShardCursor()
+        resume_item, resume_sample, resume_offset = (int(position[0]), int(position[1]), position[2]) if position else (0, 0, None)
+        for passed in range(resume_item):  # shard-list items finished before the resume point
+            if next(items, _NO_ITEM) is _NO_ITEM:
+                raise UsageError(
+                    f"the resume position is at shard item {resume_item}, but this pass has {passed}: "
+                    "the state was saved from another dataset or layout"
+                )
+        numbered = enumerate(items, resume_item)
+        ahead: Deque[Tuple[int, Any, Optional[ChunkStream]]] = deque()
+
+        budget = self.shards_in_flight * (self.fetch_options or FetchOptions()).prefetch_bytes
+        exhausted = False
+
+        def fill() -> None:
+            # Keep `shards_in_flight` downloads busy: a finished or stalled (buffer full) stream
+            # frees its slot, within a byte budget for what is buffered ahead and a cap on
+            # shards queued ahead.
+            nonlocal exhausted
+            while not exhausted and len(ahead) < 4 * self.shards_in_flight:
+                streams = [ready for _index, _item, ready in ahead if ready is not None]
+                busy = sum(1 for ready in streams if _pulling(ready))
+                if ahead and (busy >= self.shards_in_flight or sum(r.buffered_bytes for r in streams) >= budget):
+                    return
+                index, item = next(numbered, (0, _NO_ITEM))
+                if item is _NO_ITEM:
+                    exhausted = True
+                    return
+                url, _ = source_url(item, False)
+                resumed = index == resume_item and resume_sample
+                ahead.append((index, item, None if resumed else self._open_ahead(url, shard_range(item)[0])))
+                if local_path_of(url) is not None:
+                    # Read in place: nothing to fetch ahead. Pulling no further than the shard
+                    # about to be read also keeps sources that act on each pull working, as with
+                    # webdataset (DirectoryShardList recycles the previous shard).
+                    return
+
+        try:
+            while True:
+                fill()
+                if not ahead:
+                    return
+                index, item, ready = ahead.popleft()
+                url, local_path = source_url(item, self.local_paths)
+                if local_path is None and self.local_paths and self.cache is not None:
+                    local_path = self.cache.disk_path(url)  # as webdataset's: the cache file
+                start, stop = shard_range(item)
+                offset = None
+                if index == resume_item and resume_sample:
+                    start += resume_sample
+                    offset = resume_offset
+                cursor.start(index, start - shard_range(item)[0])
+                count = 0
+                try:
+                    for sample in self._shard(url, local_path, start, stop, ready, cursor, offset):
+                        count += 1
+                        if not count & 31 and ahead:
+                            fill()
+                        yield sample
+                    if stop is not None and start + count < stop and self._counts_samples():
+                        raise FormatError(
+                            f"the shard ends after sample {start + count}, but its sample count "
+                            f"(sizes.json, .idx or the split) says at least {stop}: truncated at a member boundary?",
+                            url=url,
+                        )
+                except Exception as exn:
+                    if not self._failed(exn, url):
+                        return
+                else:
+                    self.source_stats.add(shards=1, samples=count)
+                finally:
+                    if ready is not None:
+                        ready.close()
+        finally:
+            for _index, _item, ready in ahead:
+                if ready is not None:
+                    ready.close()
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
+        return self.run(src)

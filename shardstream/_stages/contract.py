@@ -1,0 +1,133 @@
+"""Pipeline stages described as data.
+
+A pipeline is a list of stages. Two kinds matter to the engine:
+
+- `SampleStage`: a pure per-sample function (`apply(sample) -> sample | DROP`) plus an exception
+  handler. Runs of consecutive sample stages are fused into one task per sample.
+- everything else (`StreamStage`, user generator functions, `PipelineStage.run`): an iterator in,
+  an iterator out, run in order.
+
+Every stage is still callable as `stage(source_iterator)` so that code written for webdataset,
+which composes stages as nested generators, keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+from ..handlers import reraise_exception
+
+__all__ = [
+    "DROP",
+    "PipelineStage",
+    "SampleStage",
+    "StreamStage",
+    "clean_cut",
+    "resume_clean",
+]
+
+
+class _Drop:
+    """Sentinel: the sample is filtered out (select, map returning None, handler skipped it)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "DROP"
+
+    def __reduce__(self):
+        return (_Drop, ())
+
+
+DROP: Any = _Drop()
+
+
+def clean_cut(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a generator stage as a *clean cut* for resume positions: whenever it yields, every
+    input it has pulled so far has been passed on (in this or an earlier output) or dropped for
+    good, and it keeps no other state (a restarted copy behaves the same from there on). Maps,
+    filters and batching qualify; a shuffle buffer, an unbatcher or a slice (it counts) do not."""
+    f.resume_clean = True  # type: ignore[attr-defined]
+    return f
+
+
+def resume_clean(stage: Any) -> bool:
+    """Whether a pipeline stage is a clean cut (see `clean_cut`); unknown stages are not."""
+    if isinstance(stage, StreamStage):
+        stage = stage.f
+    return bool(getattr(stage, "resume_clean", False))
+
+
+class PipelineStage:
+    """webdataset's base class for stages that are run as `stage.run(source)`."""
+
+    def invoke(self, *args, **kw):
+        raise NotImplementedError
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - subclasses override
+        raise NotImplementedError
+
+
+class SampleStage(PipelineStage):
+    """A stage that maps each sample independently; subclasses implement `apply`.
+
+    `apply` returns the new sample or DROP and may raise; the exception goes to `handler`, which
+    keeps webdataset's meaning (True: skip this sample, False: stop the stream, raise: propagate).
+    """
+
+    name = "sample"
+    resume_clean = True  # one sample in, at most one out
+    handler: Callable[[BaseException], bool] = staticmethod(reraise_exception)
+
+    def apply(self, sample: Any) -> Any:  # pragma: no cover - subclasses override
+        raise NotImplementedError
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:
+        apply, handler = self.apply, self.handler
+        for sample in src:
+            try:
+                result = apply(sample)
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                return
+            if result is not DROP:
+                yield result
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.run(src)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class StreamStage(PipelineStage):
+    """A curried generator function: `StreamStage(f, *args, **kw)(src)` is `f(src, *args, **kw)`.
+
+    This is what `pipelinefilter(f)(*args, **kw)` returns (webdataset's FilterFunction).
+    """
+
+    def __init__(self, f: Callable[..., Iterator[Any]], *args: Any, **kw: Any) -> None:
+        self.f = f
+        self.args = args
+        self.kw = kw
+
+    @property
+    def name(self) -> str:
+        return getattr(self.f, "__name__", type(self.f).__name__).lstrip("_")
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.f(src, *self.args, **self.kw)
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        return self.f(src, *self.args, **self.kw)
+
+    def __repr__(self) -> str:
+        return f"<{self.name} {self.args} {self.kw}>"
+
+    __str__ = __repr__

@@ -1,0 +1,309 @@
+"""Stream stages with webdataset's semantics: shuffle, detshuffle, batched, unbatched, unlisted,
+rsample, info, log_keys, xdecode, Cached; and default collation.
+
+These see the whole stream (order, buffering, grouping), so the engine runs them in order.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import re
+import sys
+import time
+from fnmatch import fnmatch
+from typing import Any, List, Optional
+
+import numpy as np
+
+from .._plan.ranks import pytorch_worker_info
+from .._base.redact import redact
+from .contract import PipelineStage, clean_cut
+from .._base.lazytorch import is_tensor
+
+__all__ = [
+    "Cached",
+    "SeededShuffle",
+    "combine_values",
+    "default_collation_fn",
+    "detshuffle",
+    "dict2tuple",
+    "pick",
+    "tuple2dict",
+]
+
+
+def pick(buf: List[Any], rng: random.Random) -> Any:
+    """Remove and return a random element of buf (swap with the last: O(1))."""
+    k = rng.randint(0, len(buf) - 1)
+    sample = buf[k]
+    buf[k] = buf[-1]
+    buf.pop()
+    return sample
+
+
+def _shuffle(data, bufsize=1000, initial=100, rng=None, seed=None, handler=None):
+    """Shuffle through a buffer; the same rng draws as webdataset, so a seed gives its order."""
+    if seed is not None:
+        assert rng is None
+        rng = random.Random(seed)
+    elif rng is None:
+        rng = random.Random(int((os.getpid() + time.time()) * 1e9))
+    initial = min(initial, bufsize)
+    data = iter(data)
+    buf: List[Any] = []
+    for sample in data:
+        buf.append(sample)
+        if len(buf) < bufsize:
+            try:
+                buf.append(next(data))
+            except StopIteration:
+                pass
+        if len(buf) >= initial:
+            yield pick(buf, rng)
+    while len(buf) > 0:
+        yield pick(buf, rng)
+
+
+class detshuffle(PipelineStage):
+    """Shuffle seeded by seed + epoch; the epoch advances on every pass."""
+
+    replayable = True  # the same order again for the same epoch (elastic resume recomputes it)
+
+    def __init__(self, bufsize=1000, initial=100, seed=0, epoch=-1):
+        self.bufsize = bufsize
+        self.initial = initial
+        self.seed = seed
+        self.epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass shuffles with seed + epoch."""
+        self.epoch = epoch - 1
+
+    def run(self, src):
+        self.epoch += 1
+        rng = random.Random()
+        rng.seed(self.seed + self.epoch)
+        return _shuffle(src, self.bufsize, self.initial, rng)
+
+    def __call__(self, src):
+        return self.run(src)
+
+
+class SeededShuffle(PipelineStage):
+    """A shuffle buffer seeded by (seed, epoch, rank, worker): reproducible, different on every
+    rank and DataLoader worker and in every epoch (what WebDataset(seed=...).shuffle(n) uses)."""
+
+    name = "shuffle"
+    replayable = True  # the same order again for the same (seed, epoch, rank, worker)
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0) -> None:
+        self.bufsize = bufsize
+        self.initial = initial
+        self.seed = seed
+        self.epoch: Optional[int] = None
+        self.passes = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def run(self, src):
+        rank, _world, worker, _workers = pytorch_worker_info()
+        epoch = self.epoch if self.epoch is not None else self.passes
+        self.passes += 1
+        # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
+        rng = random.Random(f"shardstream-shuffle/{self.seed}/{epoch}/{rank}/{worker}")
+        return _shuffle(src, self.bufsize, self.initial, rng)
+
+    def __call__(self, src):
+        return self.run(src)
+
+
+def tuple2dict(row):
+    return row if isinstance(row, dict) else {i: d for i, d in enumerate(row)}
+
+
+def dict2tuple(d):
+    return tuple(d[i] for i in range(1 + max(d.keys())))
+
+
+def combine_values(b, combine_tensors=True, combine_scalars=True):
+    """Collate one column: scalars to np.array, tensors/arrays stacked, the rest as a list."""
+    if isinstance(b[0], (int, float)):
+        if combine_scalars:
+            b = np.array(list(b))
+    elif is_tensor(b[0]):
+        if combine_tensors:
+            import torch
+
+            shapes = {x.shape for x in b}
+            assert len(shapes) == 1, f"all shapes must be equal in collation, got {shapes}"
+            b = torch.stack(list(b))
+    elif isinstance(b[0], np.ndarray):
+        if combine_tensors:
+            shapes = {x.shape for x in b}
+            assert len(shapes) == 1, f"all shapes must be equal in collation, got {shapes}"
+            b = np.array(list(b))
+    else:
+        b = list(b)
+    return b
+
+
+def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
+    """webdataset's collation: a tuple of columns for tuple samples, a dict for dict samples."""
+    rows = [tuple2dict(x) for x in samples]
+    keys = set(rows[0].keys())
+    for row in rows[1:]:
+        assert set(row.keys()) == keys, "keys don't match in different samples"
+    result = {k: combine_values([row[k] for row in rows], combine_tensors, combine_scalars) for k in keys}
+    if isinstance(samples[0], (list, tuple)):
+        return dict2tuple(result)
+    return result
+
+
+@clean_cut
+def _batched(data, batchsize=20, collation_fn=default_collation_fn, partial=True):
+    # A full batch goes out at once (webdataset waits for the next sample first): the same
+    # batches, sooner, and a batch never holds back a sample it does not contain, which makes
+    # the stage a clean cut for resume positions.
+    batch: List[Any] = []
+    for sample in data:
+        batch.append(sample)
+        if len(batch) >= batchsize:
+            yield collation_fn(batch) if collation_fn is not None else batch
+            batch = []
+    if batch and partial:
+        yield collation_fn(batch) if collation_fn is not None else batch
+
+
+def _unlisted(data):
+    for batch in data:
+        assert isinstance(batch, list), batch
+        yield from batch
+
+
+def _unbatched(data):
+    for sample in data:
+        if isinstance(sample, (list, tuple)):
+            for i in range(len(sample[0])):
+                yield tuple(x[i] for x in sample)
+        elif isinstance(sample, dict):
+            lengths = {len(v) for v in sample.values()}
+            assert len(lengths) == 1, lengths
+            n = list(lengths)[0]
+            for i in range(n):
+                yield {k: v[i] for k, v in sample.items()}
+        else:
+            raise ValueError(f"unknown sample type: {type(sample)}")
+
+
+def _rsample(data, p=0.5):
+    assert 0.0 <= p <= 1.0
+    for sample in data:
+        if random.uniform(0.0, 1.0) < p:
+            yield sample
+
+
+@clean_cut
+def _info(data, fmt=None, n=3, every=-1, width=50, stream=sys.stderr, name=""):
+    for i, sample in enumerate(data):
+        if i < n or (every > 0 and (i + 1) % every == 0):
+            if fmt is None:
+                print("---", name, file=stream)
+                for k, v in sample.items():
+                    print(k, redact(repr(v))[:width], file=stream)  # redact before cutting a URL short
+            else:
+                print(redact(fmt.format(**sample)), file=stream)
+        yield sample
+
+
+@clean_cut
+def _log_keys(data, logfile=None):
+    if logfile is None or logfile == "":
+        yield from data
+        return
+    import fcntl
+
+    with open(logfile, "a") as stream:
+        for i, sample in enumerate(data):
+            line = f"{i}\t{sample.get('__worker__')}\t{sample.get('__rank__')}\t{sample.get('__key__')}\n"
+            try:
+                fcntl.flock(stream.fileno(), fcntl.LOCK_EX)
+                stream.write(line)
+            finally:
+                fcntl.flock(stream.fileno(), fcntl.LOCK_UN)
+            yield sample
+
+
+def decode_bin(stream):
+    return stream.read()
+
+
+def decode_text(stream):
+    return stream.read().decode("utf-8")
+
+
+def decode_pickle(stream):
+    from .._decode.decoder import check_pickle_allowed
+
+    check_pickle_allowed("xdecode of a .pyd field")
+    import pickle
+
+    return pickle.load(stream)
+
+
+default_decoders = [("*.bin", decode_bin), ("*.txt", decode_text), ("*.pyd", decode_pickle)]
+
+
+def find_decoder(decoders, path):
+    fname = re.sub(".*/", "", path)
+    if fname.startswith("__"):
+        return lambda x: x
+    for pattern, fun in decoders[::-1]:
+        if fnmatch(fname.lower(), pattern) or fnmatch("." + fname.lower(), pattern):
+            return fun
+    return None
+
+
+@clean_cut
+def _xdecode(source, *args, must_decode=True, defaults=default_decoders, **kw):
+    decoders = list(defaults) + list(args)
+    decoders += [("*." + k, v) for k, v in kw.items()]
+    for sample in source:
+        new_sample = {}
+        for path, data in sample.items():
+            if path.startswith("__"):
+                new_sample[path] = data
+                continue
+            decoder = find_decoder(decoders, path)
+            if decoder is False:
+                value = data
+            elif decoder is None:
+                if must_decode:
+                    raise ValueError(f"No decoder found for {path}.")
+                value = data
+            else:
+                if isinstance(data, bytes):
+                    data = io.BytesIO(data)
+                value = decoder(data)
+            new_sample[path] = value
+        yield new_sample
+
+
+class Cached(PipelineStage):
+    """Keep the first pass in memory and replay it on later passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.cached = None
+
+    def run(self, source):
+        if self.cached is None:
+            self.temp = []
+            for sample in source:
+                self.temp.append(sample)
+                yield sample
+            self.cached = self.temp
+        else:
+            yield from self.cached

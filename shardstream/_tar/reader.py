@@ -1,0 +1,532 @@
+"""Sans-IO tar reader: feed bytes of a tar stream (plain, gzip, bzip2 or xz), get regular files.
+
+`TarReader` follows stdlib `tarfile`'s reading rules (USTAR prefix, GNU longname/longlink, PAX
+per-file and global headers, base-256 numbers, both checksum variants, which types count as
+regular files and which carry data), so on a valid archive it lists exactly the members, names
+and offsets that `tarfile.open(mode="r|*")` lists as regular files. Unlike tarfile it is strict:
+a bad header, a truncated archive or a corrupt compressed stream raises `FormatError` instead of
+quietly ending the archive. (Header fields it has no use for, such as mode or mtime, go unchecked.)
+
+It does no I/O: callers read bytes however they like and feed chunks of any size, and chunk
+boundaries never change the result: every member before a format error is returned first, and
+the error is raised by the call after that (or at once, if that call returns nothing).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import List, NamedTuple, Optional, Tuple
+
+from .._base.errors import FormatError
+from .codecs import GzipInflater, sniff
+
+__all__ = ["TAIL_SCAN", "TarMember", "TarReader"]
+
+BLOCK = 512
+_ZERO_BLOCK = bytes(BLOCK)
+_REGULAR = (b"0", b"\0", b"7")  # tarfile.REGULAR_TYPES minus GNU sparse, which we refuse
+# Types tarfile knows; their size field is ignored for non-regular ones (no data is skipped).
+# Unknown types are skipped *with* their data, as tarfile does.
+_SUPPORTED = (b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"L", b"K", b"S")
+_GNU_TYPES = (b"L", b"K", b"S")  # the USTAR prefix field means something else in these
+_EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # headers that describe the next member (or all: g)
+_BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
+# After the end-of-archive block, a valid header this close means a damaged shard or concatenated
+# archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB) is zeros.
+TAIL_SCAN = 64 << 10
+_new_member = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
+
+
+class TarMember(NamedTuple):
+    """One regular file of the archive."""
+
+    name: str  # full path (longname / PAX path applied), utf-8 with surrogateescape
+    data: bytes  # exactly the member's payload
+    offset: int  # offset of its first header block (extension headers included) in the tar stream
+
+
+class _Extension:
+    """What GNU longname/longlink and PAX 'x' headers say about the next member.
+
+    tarfile applies them innermost first, so for each field the *first* header that sets it wins.
+    """
+
+    __slots__ = ("offset", "name", "size", "sparse")
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.name: Optional[str] = None
+        self.size: Optional[str] = None  # the PAX record; parsed once the member's name is known
+        self.sparse = False
+
+
+class TarReader:
+    """Parse a tar stream fed in chunks; return regular-file members as soon as they are complete.
+
+    Args:
+        url: used only in error messages.
+        compressed: None detects gzip, bzip2 and xz by their magic bytes; True requires gzip;
+            False means raw tar.
+        start_offset: the input begins at this offset of an uncompressed archive, at a header
+            (resuming mid-shard from an index); member offsets are reported from the archive
+            start. PAX global headers before that point are not seen.
+        payloads: False hands out members with empty `data` and never touches payload bytes:
+            with `feed_view` over a memory map, walking a shard reads only its header pages.
+        size: the archive's length when known (a local uncompressed file): a header claiming
+            more bytes than are left fails at once, instead of buffering the rest of the shard.
+    """
+
+    def __init__(
+        self, url: Optional[str] = None, *, compressed: Optional[bool] = None, start_offset: int = 0,
+        payloads: bool = True, size: Optional[int] = None,
+    ) -> None:
+        if start_offset and compressed:
+            raise ValueError("start_offset needs an uncompressed archive")
+        self._url = url
+        self._payloads = payloads
+        self._size = size
+        self._compressed = False if start_offset else compressed
+        self._inflater = GzipInflater() if compressed else None
+        self._head = b""  # first bytes, held back while they may begin a codec's magic (see _codecs)
+        self._fed = False
+        self._buf = b""  # bytes being parsed; _buf[_pos:] is not consumed yet
+        self._pos = 0
+        self._base = start_offset  # tar stream offset of _buf[0]
+        self._queue: List[bytes] = []  # chunks held back until _need bytes are there
+        self._queued = 0
+        self._need = BLOCK  # bytes from _pos needed before parsing can make progress
+        self._stalled: Optional[tuple] = None  # (member, offset) of the header waiting for data
+        self._ext: Optional[_Extension] = None
+        self._dangling: Optional[int] = None  # offset of extension headers no member followed yet
+        self._global: dict = {}  # PAX global header records
+        self._global_applies = False  # whether they change members (path, size, sparse)
+        self._finished = False
+        self._error: Optional[FormatError] = None  # raised again by every later call
+        self._tail_at = self._tail_stop = 0  # the bytes after the end-of-archive block still to scan
+        self._tail_partial = b""
+
+    def limit(self, size: int) -> None:
+        """The archive's length, learnt after reading began (e.g. from an HTTP response): as
+        `size=` at construction; call it before feeding the bytes it applies to."""
+        self._size = size
+
+    @property
+    def offset(self) -> int:
+        """Bytes of the uncompressed tar stream consumed so far."""
+        return self._base + self._pos
+
+    @property
+    def compressed(self) -> Optional[bool]:
+        """Whether the input is gzip (None until its first bytes are seen)."""
+        return self._compressed
+
+    @property
+    def finished(self) -> bool:
+        """True once the end-of-archive zero block was seen; later input is ignored."""
+        return self._finished
+
+    def feed(self, data) -> List[TarMember]:
+        """Add bytes (bytes, bytearray or memoryview, any length); return the members they complete."""
+        if self._error is not None:
+            raise self._error
+        if type(data) is not bytes:
+            data = bytes(data)  # also detaches us from a buffer the caller may reuse
+        if not data:
+            return []
+        self._fed = True
+        if self._compressed is None:
+            data = self._head + data
+            codec, decided = sniff(data)
+            if not decided:  # the first bytes may begin a codec's magic: wait for more
+                self._head = data
+                return []
+            self._head = b""
+            self._compressed = codec is not None
+            if codec is not None:
+                self._inflater = codec()
+        inflater = self._inflater
+        if inflater is None:
+            return self._take(data)
+        members: List[TarMember] = []
+        while True:  # one gzip member at a time, so the tar end is seen before the next member
+            try:
+                members += self._take(inflater.feed(data))
+            except FormatError:
+                if not members:
+                    raise
+                return members  # the error is raised by the next call (self._error)
+            if not inflater.pending or inflater.error is not None or self._error is not None:
+                break
+            data = b""
+        if inflater.error is not None and self._error is None:
+            # Members that decompressed before the corruption are still handed out (like any
+            # members before a format error); the error comes now or with the next call.
+            member, offset = self._stalled or (None, self.offset)
+            self._error = inflater.error.with_location(url=self._url, member=member, offset=offset)
+            if not members:
+                raise self._error
+        return members
+
+    def feed_view(self, view, *, read_range=None) -> Tuple[List[TarMember], int]:
+        """Parse the members that lie complete at the start of `view`, without buffering any of it.
+
+        For callers that own a stable buffer (an mmap of a file, a reusable read buffer): payloads
+        are copied once, straight out of `view`, and nothing is kept after the call. Returns the
+        members and the number of bytes consumed; the caller presents the unconsumed rest again
+        at the start of its next view, and ends with `feed(rest)` + `close()`. Uncompressed tar
+        only, and only while `feed` has nothing buffered.
+
+        `read_range(start, stop)`, if given, must return `bytes(view[start:stop])`; it is used for
+        large payloads so that a caller can copy them without holding the GIL (os.pread).
+        """
+        if self._error is not None:
+            raise self._error
+        if self._compressed or self._head or self._pos < len(self._buf) or self._queue:
+            raise ValueError("feed_view needs an uncompressed stream with nothing buffered by feed()")
+        if len(view) == 0 or self._finished:
+            if self._finished:
+                self._scan_tail(view)
+            return [], len(view) if self._finished else 0
+        self._fed = True
+        self._compressed = False
+        self._buf, self._pos = _BytesView(view, read_range), 0
+        consumed = 0
+        try:
+            members = self._parse()
+        finally:
+            if self._finished:  # _parse has set _base; whatever follows the archive is ignored
+                consumed = len(view)
+            else:
+                consumed = self._pos
+                self._base += consumed
+            self._buf, self._pos = b"", 0
+        return members, consumed
+
+    def _take(self, data: bytes) -> List[TarMember]:
+        """Add uncompressed tar bytes to the buffer; parse once there is enough to make progress."""
+        if self._finished:
+            self._scan_tail(data)
+            return []
+        if not data:
+            return []
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos + self._queued + len(data) < self._need:
+            # Not enough for the next header or payload: queue instead of re-joining per chunk,
+            # so a large member arriving in small chunks is copied once, not once per chunk.
+            self._queue.append(data)
+            self._queued += len(data)
+            return []
+        if pos < len(buf) or self._queue:
+            data = b"".join([buf[pos:], *self._queue, data])
+            self._queue.clear()
+            self._queued = 0
+        self._base += pos
+        self._buf, self._pos = data, 0
+        return self._parse()
+
+    def close(self) -> List[TarMember]:
+        """Signal the end of input; raise FormatError if the archive (or gzip stream) is incomplete."""
+        if self._error is not None:
+            raise self._error
+        if self._head:  # the start of a codec's magic, then the end: not compressed after all
+            self._compressed, head, self._head = False, self._head, b""
+            self.feed(head)
+        if not self._fed:
+            raise self._fail("empty file", offset=0)
+        member, offset = self._stalled or (None, self.offset)
+        if self._inflater is not None:
+            try:
+                self._inflater.close()
+            except FormatError as exc:
+                self._error = exc.with_location(url=self._url, member=member, offset=offset)
+                raise
+        if self._finished:
+            return []
+        left = len(self._buf) - self._pos + self._queued
+        if left >= BLOCK:
+            raise self._fail(f"truncated tar member ({left} of {self._need} bytes present)", member, offset)
+        if left:
+            if self._ext is not None:  # the header of a member whose extension headers we have
+                member, offset = self._ext.name, self._ext.offset
+            raise self._fail(f"truncated tar header ({left} of {BLOCK} bytes present)", member, offset)
+        if self._dangling is not None:
+            raise self._fail("archive ends right after an extension header", offset=self._dangling)
+        if offset == 0:
+            raise self._fail("empty file", offset=0)  # e.g. gzip of nothing; tarfile says the same
+        # Ending at a block boundary without the end-of-archive blocks is accepted, like tarfile.
+        return []
+
+    def _fail(self, message: str, member: Optional[str] = None, offset: Optional[int] = None) -> FormatError:
+        self._error = FormatError(message, url=self._url, member=member, offset=offset)
+        return self._error
+
+    def _parse(self) -> List[TarMember]:
+        """Consume every complete header (and payload) in the buffer; return the regular members."""
+        buf, pos, base = self._buf, self._pos, self._base
+        end = len(buf)
+        out: List[TarMember] = []
+        append = out.append
+        adler32 = zlib.adler32
+        plain = self._ext is None and not self._global_applies
+        # A borrowed buffer (feed_view): the fast path slices the memoryview and copies with
+        # tobytes() itself, skipping the wrapper's Python-level __getitem__.
+        raw = big = None
+        if type(buf) is _BytesView:
+            raw, big = buf._view, buf._read_range
+        keep = self._payloads
+        try:
+            while end - pos >= BLOCK:
+                hdr = buf[pos : pos + BLOCK] if raw is None else raw[pos : pos + BLOCK].tobytes()
+                typ = hdr[156]
+                # Fast path, inlined: the ASCII header of a regular file with no extension headers
+                # in effect and its payload all here. Anything else, or any doubt, goes to _step.
+                if plain and (typ == 48 or typ == 0 or typ == 55) and hdr.isascii():
+                    field = hdr[148:156]
+                    try:
+                        checksum = int(field.rstrip(b"\0 "), 8)
+                        size = int(hdr[124:136].rstrip(b"\0 "), 8)
+                    except ValueError:  # empty or unusual number fields
+                        checksum = size = -1
+                    # adler32's low 16 bits are (1 + byte sum) mod 65521 and an ASCII header sums
+                    # to less than that, so this is the exact checksum (its own field as spaces).
+                    total = ((adler32(hdr) & 0xFFFF) - (adler32(field) & 0xFFFF)) % 65521 + 256
+                    stop = pos + BLOCK + ((size + 511) & -512)
+                    if total == checksum and size >= 0 and stop <= end:
+                        # ASCII: latin-1 decodes it as utf-8 would, only faster.
+                        name = hdr[:100].decode("latin-1").partition("\0")[0]
+                        if hdr[345]:
+                            name = hdr[345:500].decode("latin-1").partition("\0")[0] + "/" + name
+                        if typ or name[-1:] != "/":  # else an old-style directory
+                            if not keep:
+                                data = b""
+                            elif raw is None:
+                                data = buf[pos + BLOCK : pos + BLOCK + size]
+                            elif big is not None and size >= _BIG:
+                                data = big(pos + BLOCK, pos + BLOCK + size)
+                            else:
+                                data = raw[pos + BLOCK : pos + BLOCK + size].tobytes()
+                            append(_new_member(TarMember, (name, data, base + pos)))
+                            pos = stop
+                            continue
+                new_pos = self._step(buf, pos, out)
+                if new_pos == pos or self._finished:
+                    pos = new_pos
+                    if self._finished:
+                        self._tail_at, self._tail_stop = base + pos, base + pos + TAIL_SCAN
+                        self._scan_tail(buf[pos : min(end, pos + TAIL_SCAN)])
+                    break
+                pos = new_pos
+                plain = self._ext is None and not self._global_applies
+            else:
+                self._need, self._stalled = BLOCK, None
+        except FormatError:
+            if not out:
+                raise
+            # Hand out the members before the error; the next call raises it (self._error).
+        finally:
+            self._pos = pos
+        if self._finished:
+            self._buf, self._pos, self._base = b"", 0, base + pos  # keep offset, free the buffer
+            self._stalled = None
+            if self._inflater is not None:
+                self._inflater.last_member = True
+        return out
+
+    def _step(self, buf: bytes, pos: int, out: List[TarMember]) -> int:
+        """Consume the header at `pos` and its payload, the general way; return the new position.
+
+        Every header kind and state change is handled here. Returns `pos` itself when the payload
+        is not all in `buf` yet (then `_need` and `_stalled` say what is missing).
+        """
+        hdr = buf[pos : pos + BLOCK]
+        offset = self._base + pos
+        if not _checksum_ok(hdr):
+            if hdr == _ZERO_BLOCK:
+                if self._ext is not None:
+                    message = "end-of-archive block right after an extension header"
+                    raise self._fail(message, offset=self._ext.offset)
+                self._finished = True
+                self._dangling = None  # a global header before the end is fine (tarfile writes that)
+                return pos + BLOCK
+            raise self._fail("bad tar header checksum (corrupt, or not a tar archive)", offset=offset)
+        typ = hdr[156:157]
+        name = _text(hdr[:100])
+        try:
+            size = _number(hdr[124:136])
+        except ValueError:
+            raise self._fail("invalid size field in tar header", name, offset) from None
+        if typ == b"\0" and name.endswith("/"):
+            typ = b"5"  # old tar formats mark directories with a trailing slash only
+        if typ == b"5":
+            name = name.rstrip("/")
+        if hdr[345] and typ not in _GNU_TYPES:
+            name = _text(hdr[345:500]) + "/" + name
+        ext = self._ext
+
+        if typ in _EXTENSIONS:
+            if size < 0:
+                raise self._fail("negative size in tar header", name, offset)
+            stop = pos + BLOCK + ((size + 511) & -512)
+            if stop > len(buf):
+                return self._stall(pos, stop, name, offset)
+            payload = buf[pos + BLOCK : stop]  # padded, as tarfile reads it
+            if self._dangling is None:
+                self._dangling = offset
+            try:
+                records = _pax_records(payload) if typ in (b"x", b"X", b"g") else {}
+            except ValueError:
+                raise self._fail("invalid PAX header record", name, offset) from None
+            if typ == b"g":
+                self._global.update(records)
+                self._global_applies = any(_changes_member(key) for key in self._global)
+                return stop
+            if ext is None:
+                ext = self._ext = _Extension(offset)
+            if typ == b"L":
+                if ext.name is None:
+                    ext.name = _text(payload)
+            elif typ != b"K":  # PAX: its records over the global ones in effect now
+                glob = self._global
+                if ext.name is None:
+                    path = records.get("path", glob.get("path"))
+                    ext.name = None if path is None else path.rstrip("/")
+                if ext.size is None:
+                    ext.size = records.get("size", glob.get("size"))
+                ext.sparse = ext.sparse or any(key.startswith("GNU.sparse.") for key in records)
+            return stop
+
+        # A member header: global PAX records first, then the extension headers before it.
+        sparse = typ == b"S"
+        glob = self._global
+        pax_size = None
+        if self._global_applies:
+            if "path" in glob:
+                name = glob["path"].rstrip("/")
+            pax_size = glob.get("size")
+            sparse = sparse or any(key.startswith("GNU.sparse.") for key in glob)
+        if ext is not None:
+            offset = ext.offset
+            if ext.name is not None:
+                name = ext.name
+            if ext.size is not None:
+                pax_size = ext.size
+            sparse = sparse or ext.sparse
+        if pax_size is not None:
+            try:
+                size = int(pax_size)
+            except ValueError:
+                raise self._fail(f"invalid PAX size {pax_size!r}", name, offset) from None
+        if sparse:
+            raise self._fail("unsupported GNU sparse member", name, offset)
+        if size < 0:
+            raise self._fail("negative size in tar header", name, offset)
+        regular = typ in _REGULAR
+        stop = pos + BLOCK
+        if regular or typ not in _SUPPORTED:
+            stop += (size + 511) & -512
+        if stop > len(buf):
+            return self._stall(pos, stop, name, offset)
+        if regular:
+            out.append(TarMember(name, buf[pos + BLOCK : pos + BLOCK + size] if self._payloads else b"", offset))
+        self._ext = self._dangling = None
+        return stop
+
+    def _scan_tail(self, data) -> None:
+        """Raise if a valid header follows the end-of-archive block within TAIL_SCAN bytes;
+        `data` continues the bytes after that block."""
+        left = self._tail_stop - self._tail_at - len(self._tail_partial)
+        if left <= 0 or not len(data):
+            return
+        data = self._tail_partial + bytes(data[:left])
+        whole = len(data) - len(data) % BLOCK
+        for start in range(0, whole, BLOCK):
+            block = data[start : start + BLOCK]
+            if block != _ZERO_BLOCK and _checksum_ok(block):
+                raise self._fail(
+                    "a tar header after the end-of-archive block: a damaged shard (zero blocks in the "
+                    "middle) or concatenated archives", offset=self._tail_at + start,
+                )
+        self._tail_at += whole
+        self._tail_partial = data[whole:]
+
+    def _stall(self, pos: int, stop: int, member: str, offset: int) -> int:
+        if self._size is not None and not self._compressed and self._base + stop > self._size:
+            raise self._fail(
+                f"truncated tar member: it needs {stop - pos} bytes from its header, the shard has "
+                f"{self._size - self._base - pos} left", member, offset,
+            )
+        self._need, self._stalled = stop - pos, (member, offset)
+        return pos
+
+
+class _BytesView:
+    """A memoryview whose slices are bytes: lets the parser run on a borrowed buffer unchanged."""
+
+    __slots__ = ("_view", "_len", "_read_range")
+
+    def __init__(self, view, read_range=None) -> None:
+        self._view = memoryview(view).cast("B")
+        self._len = len(self._view)
+        self._read_range = read_range
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: slice) -> bytes:
+        start, stop, _ = index.indices(self._len)
+        if self._read_range is not None and stop - start >= _BIG:
+            return self._read_range(start, stop)
+        return self._view[index].tobytes()
+
+
+def _changes_member(pax_key: str) -> bool:
+    return pax_key in ("path", "size") or pax_key.startswith("GNU.sparse.")
+
+
+def _text(field: bytes) -> str:
+    """A NUL-terminated string field, decoded like tarfile does on Linux."""
+    return field.partition(b"\0")[0].decode("utf-8", "surrogateescape")
+
+
+def _number(field: bytes) -> int:
+    """A numeric field, exactly as tarfile.nti reads it; ValueError if it is not a number."""
+    if field[0] in (0o200, 0o377):  # GNU base-256 for values that do not fit in octal
+        n = int.from_bytes(field[1:], "big")
+        return n - 256 ** (len(field) - 1) if field[0] == 0o377 else n
+    return int(field.partition(b"\0")[0].decode("ascii").strip() or "0", 8)
+
+
+def _checksum_ok(hdr: bytes) -> bool:
+    """Exact header checksum check, unsigned or signed bytes (old tars used signed char)."""
+    field = hdr[148:156]
+    try:
+        stored = _number(field)
+    except ValueError:
+        return False
+    # adler32's low 16 bits are (1 + byte sum) mod 65521: exact for up to 65520 // 255 bytes of
+    # any value, so sum each 256-byte half separately.
+    total = (zlib.adler32(hdr[:256]) & 0xFFFF) + (zlib.adler32(hdr[256:]) & 0xFFFF) - 2
+    if stored == total - sum(field) + 256:
+        return True
+    return stored == 256 + sum(struct.unpack_from("148b8x356b", hdr))
+
+
+def _pax_records(payload: bytes) -> dict:
+    """Parse "%d %s=%s\\n" PAX records the way tarfile does (stop at the first malformed one)."""
+    records = {}
+    pos = 0
+    while True:
+        space = payload.find(b" ", pos)
+        if space <= pos or not payload[pos:space].isdigit():
+            break
+        equals = payload.find(b"=", space + 1)
+        if equals <= space + 1:
+            break
+        length = int(payload[pos:space])
+        if length == 0:
+            raise ValueError("zero-length PAX record")
+        keyword = payload[space + 1 : equals].decode("utf-8", "surrogateescape")
+        records[keyword] = payload[equals + 1 : pos + length - 1].decode("utf-8", "surrogateescape")
+        pos += length
+    return records
