@@ -17,10 +17,10 @@ from ._resume.states import choose_state, worker_view
 from ._shard.samples import TarShardSamples
 from ._cache.shardcache import cache_from_options
 from ._resume.equal_split import EqualSplit
-from ._stages.contract import clean_cut, resume_clean
+from ._stages.resumable import clean_cut, declare, traits
 from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
 from ._stages.stream_filters import SeededShuffle
-from ._loader.subprocess import SubprocessLoader
+from ._loader.subprocess import SubprocessLoader, refuse
 from ._base.lazytorch import DataLoader
 from .filters import pipelinefilter
 from .handlers import reraise_exception
@@ -124,8 +124,8 @@ def check_empty(source):
         )
 
 
-clean_cut(check_empty)
-check_empty.skip_on_resume = True  # a pass resumed near its end may rightly have nothing left
+# A clean cut, left out of a resumed pass: one resumed near its end may rightly have nothing left.
+declare(check_empty, clean_cut=True, skip_on_resume=True)
 
 
 class WebDataset(DataPipeline, FluidInterface):
@@ -421,7 +421,7 @@ class WebLoader(DataPipeline, FluidInterface):
         state = own if own is not None else self._dataset._elastic(history)
         self._dataset._load(state)
         self._dataset._warn_unseeded()
-        held = [s for s in self.pipeline[2:] if not resume_clean(s)]
+        held = [s for s in self.pipeline[2:] if not traits(s).clean_cut]
         if held:
             warnings.warn(
                 f"stages after the WebLoader that hold samples back ({', '.join(map(repr, held))}) are not "
@@ -433,3 +433,6 @@ class WebLoader(DataPipeline, FluidInterface):
             self._auto_epoch = self._auto_set = int(state["epoch"])  # the resumed epoch runs next
         self._pending = state
         self._loader_split = state.get("split")
+
+
+refuse(WebLoader, "use WebLoader(..., subprocess=True) to run a WebLoader's pipeline in a helper process")

@@ -8,6 +8,7 @@ from typing import Any, Iterator, List, Optional
 import numpy as np
 
 from ._base.lazytorch import IterableDataset
+from ._stages.resumable import ResumeTraits
 
 __all__ = ["RandomMix", "RoundRobin", "exact_samples", "random_samples", "round_robin_longest", "round_robin_shortest"]
 
@@ -103,6 +104,10 @@ class RandomMix(IterableDataset):
     def deterministic(self) -> bool:
         """Whether another run draws the same sequence (a resume relies on it)."""
         return self.exact or self.seed is not None
+
+    @property
+    def resume_traits(self) -> ResumeTraits:
+        return ResumeTraits(deterministic=self.deterministic)
 
     def __iter__(self) -> Iterator[Any]:
         sources = [iter(d) for d in self.datasets]

@@ -24,6 +24,7 @@ from ._resume.states import (
 from ._resume.equal_split import SHARD_SPLIT, EqualSplit, check_history
 from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
 from ._stages.contract import PipelineStage
+from ._stages.resumable import EpochAware, traits
 from ._engine.stats import PipelineStats
 from ._base.lazytorch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
@@ -44,7 +45,7 @@ def add_length_method(obj):
 
 def _runs_elsewhere(source: Any) -> bool:
     """A source whose pipeline runs in other processes: a torch DataLoader, a SubprocessLoader."""
-    return is_dataloader(source) or bool(getattr(source, "runs_in_other_processes", False))
+    return is_dataloader(source) or traits(source).other_processes
 
 
 class _WorkerEnd:
@@ -269,7 +270,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             self._split_history = None
         self.epoch = epoch
         for stage in self.pipeline:
-            if hasattr(stage, "set_epoch") and stage is not self:
+            if isinstance(stage, EpochAware) and stage is not self:
                 stage.set_epoch(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -371,9 +372,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         """For an elastic resume: None when positions are seeks; for count positions, a function
         recomputing which offsets of a worker's part its shuffle buffer had handed on."""
         split = self._equal_split()
-        stages = [s for s in self.pipeline if not getattr(s, "skip_on_resume", False)]
+        stages = [s for s in self.pipeline if not traits(s).skip_on_resume]
         index, kind = resume_pivot(stages)
-        source = next((i for i, s in enumerate(stages) if getattr(s, "seekable_source", False)), None)
+        source = next((i for i, s in enumerate(stages) if traits(s).seekable), None)
         ordered = source is not None and split is not None and all(
             s is split_by_worker for s in stages[stages.index(split) + 1 : source]
         )
@@ -432,7 +433,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         engine = self._use_engine(config)
         stages = self.pipeline
         if position is not None or resumed:  # e.g. check_empty: the rest of a resumed pass may be empty
-            stages = [s for s in stages if not getattr(s, "skip_on_resume", False)]
+            stages = [s for s in stages if not traits(s).skip_on_resume]
         pivot = None
         if (track or position is not None) and self._trackable(config):
             index, kind = resume_pivot(stages)
@@ -495,7 +496,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         count the earlier ones, by starting each stage on no input that many times."""
         for _ in range(passes):
             for index, stage in enumerate(self.pipeline):
-                if getattr(stage, "skip_on_resume", False):
+                if traits(stage).skip_on_resume:
                     continue
                 try:
                     it = self.invoke(stage) if index == 0 else self.invoke(stage, iter(()))

@@ -20,6 +20,7 @@ from ._shard.dirshards import DirectoryShardList, check_pid_is_running, get_pid_
 from ._fetch.listing import expand_listings
 from ._plan.scheduler import SchedulerConfig, Shard, ShardScheduler
 from ._resume.equal_split import WORKER_SPLIT, EqualSplit
+from ._stages.resumable import ResumeTraits
 from ._base.lazytorch import IterableDataset
 from ._plan.urls import envlookup, envsubst, expand_urls
 from .filters import pipelinefilter
@@ -175,6 +176,11 @@ class ResampledShards(IterableDataset):
         self.seed = seed
         self.epoch = -1
         self._epoch_set: Optional[int] = None
+
+    @property
+    def resume_traits(self) -> ResumeTraits:
+        """Unseeded draws cannot be made again by a resumed run (the pipeline warns)."""
+        return ResumeTraits(deterministic=self.deterministic is not False)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next pass for this epoch (else each pass counts as the next epoch)."""

@@ -411,7 +411,7 @@ def test_background_loop_thread_and_explicit_close(bucket, s3_admin):
 
 FORK_SCRIPT = """
 import asyncio, os, sys, threading, time
-from shardstream import _s3
+from shardstream._fetch import s3 as _s3
 from test_fetch_s3 import Options
 url = sys.argv[1]
 

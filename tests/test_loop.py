@@ -159,7 +159,7 @@ def test_exit_closes_sessions_without_warnings(served):
             seen = {{}}
             # atexit runs handlers last-in first-out: this one runs after shardstream's.
             atexit.register(lambda: print("CLOSED", seen["session"].closed, seen["loop"].is_closed()))
-            from shardstream import _loop
+            from shardstream._fetch import loop as _loop
             from shardstream._fetch.stream import open_stream
             url = {server.url("blob.bin")!r}
             done = open_stream({server.url("small.bin")!r})

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from .._tar.reader import header_checksum_ok
+
 __all__ = ["check_tar_format", "get_filetype", "magic_filetype"]
 
 
@@ -44,12 +46,4 @@ def check_tar_format(fname: str) -> bool:
         head = f.read(512)
     if head[:2] == b"\x1f\x8b":
         return True
-    return len(head) == 512 and (head[257:262] == b"ustar" or head == b"\0" * 512 or _checksum_ok(head))
-
-
-def _checksum_ok(header: bytes) -> bool:
-    try:
-        stored = int(header[148:156].replace(b"\0", b" ").strip() or b"0", 8)
-    except ValueError:
-        return False
-    return stored == sum(header[:148]) + 256 + sum(header[156:])
+    return len(head) == 512 and (head[257:262] == b"ustar" or head == b"\0" * 512 or header_checksum_ok(head))

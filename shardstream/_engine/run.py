@@ -23,7 +23,8 @@ from .channel import END, Channel, Failure, Stopped
 from .config import EngineConfig
 from .pool import get_pool
 from .._stages.contract import DROP, SampleStage
-from .stats import PipelineStats, SourceStats, StageStats
+from .._base.counters import Counters
+from .stats import PipelineStats, StageStats
 
 __all__ = ["EngineIterator", "Segment", "split_segments"]
 
@@ -426,10 +427,10 @@ class _Run:
                 thread.join(_JOIN_TIMEOUT_S)
 
 
-def _find_source_stats(stages: Sequence[Any]) -> Optional[SourceStats]:
+def _find_source_stats(stages: Sequence[Any]) -> Optional[Counters]:
     for stage in stages:
         stats = getattr(stage, "source_stats", None)
-        if isinstance(stats, SourceStats):
+        if isinstance(stats, Counters):
             return stats
     return None
 

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-__all__ = ["PipelineStats", "QueueStats", "SourceStats", "StageStats"]
+__all__ = ["PipelineStats", "QueueStats", "StageStats"]
 
 _RESERVOIR = 4096  # recent task times kept for percentiles
 
@@ -102,35 +102,6 @@ class QueueStats:
                 "put_wait_s": self.put_wait_s,
                 "get_wait_s": self.get_wait_s,
             }
-
-
-class SourceStats:
-    """Bytes and shards read by a source stage."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.bytes = 0
-        self.shards = 0
-        self.samples = 0
-        self.errors = 0
-
-    def add(self, nbytes: int = 0, shards: int = 0, samples: int = 0, errors: int = 0) -> None:
-        with self._lock:
-            self.bytes += nbytes
-            self.shards += shards
-            self.samples += samples
-            self.errors += errors
-
-    def snapshot(self) -> Dict[str, int]:
-        with self._lock:
-            return {"bytes": self.bytes, "shards": self.shards, "samples": self.samples, "errors": self.errors}
-
-    def __getstate__(self) -> Dict[str, int]:  # pipelines pickle (DataLoader spawn); locks do not
-        return self.snapshot()
-
-    def __setstate__(self, state: Dict[str, int]) -> None:
-        self.__init__()
-        self.add(nbytes=state["bytes"], shards=state["shards"], samples=state["samples"], errors=state["errors"])
 
 
 @dataclass

@@ -43,6 +43,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
 from .stream import FetchOptions, note_fetch
 from .retries import backoff_delay, log_retry
@@ -67,27 +68,14 @@ _TRANSIENT_CODES = {
 _test_break_bodies: List[int] = []
 
 
-class S3Stats:
-    """Process-wide S3 counters (thread-safe): bytes, requests, retries, resumes, failures.
+class S3Stats(Counters):
+    """Process-wide S3 counters: bytes, requests, retries, resumes, failures.
 
     Retries and resumes also go to `note_fetch`, which feeds the fetch layer's global and
     per-stream counters; `requests` is what only this module knows.
     """
 
-    _FIELDS = ("bytes", "requests", "retries", "resumes", "errors")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.bytes = self.requests = self.retries = self.resumes = self.errors = 0
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def snapshot(self) -> Dict[str, int]:
-        with self._lock:
-            return {name: getattr(self, name) for name in self._FIELDS}
+    FIELDS = ("bytes", "requests", "retries", "resumes", "errors")
 
 
 s3_stats = S3Stats()

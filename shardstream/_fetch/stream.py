@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Dict, Optional, Union
 
+from .._base.counters import Counters
 from .._base.errors import FetchError, ShardStreamError, UsageError
 from .loop import get_loop, run_coroutine
 from .open import open_url
@@ -98,27 +99,15 @@ class FetchOptions:
         return dataclasses.replace(self, **changes)
 
 
-class FetchStats:
-    """Thread-safe fetch counters: bytes delivered, retries, Range resumes, failed fetches."""
+class FetchStats(Counters):
+    """Fetch counters: bytes delivered, retries, Range resumes, failed fetches; a stream's also
+    records the object's size once a response said it."""
 
-    _FIELDS = ("bytes", "retries", "resumes", "failures")
+    FIELDS = ("bytes", "retries", "resumes", "failures")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(self._FIELDS, 0)
-        self.size: Optional[int] = None  # a stream's: the object's size, once a response said it
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, value in counts.items():
-                self._counts[name] += value
-
-    def snapshot(self) -> Dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    def __repr__(self) -> str:
-        return f"FetchStats({self.snapshot()})"
+        super().__init__()
+        self.size: Optional[int] = None
 
 
 _GLOBAL_STATS = FetchStats()

@@ -29,12 +29,13 @@ from .._engine.config import engine_defaults
 from .._decode.decoder import pickle_allowed
 from .._base.errors import ShardStreamError, UsageError
 from .helper import HelperOptions, Report, helper_main, pipeline_of
+from .._stages.resumable import ResumeTraits
 from .._fetch.open import pipe_allowed
 from .._plan.ranks import pytorch_worker_info
 from .shm import decode, unlink_segments
 from .._base.lazytorch import IterableDataset
 
-__all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader"]
+__all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader", "refuse"]
 
 _STOP_WAIT_S = 3.0  # how long a stopped helper may take to exit before it is terminated
 _KILL_WAIT_S = 2.0
@@ -50,6 +51,16 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.text
+
+
+# Loaders of the layers above that must not be wrapped, and what to do instead (they register
+# themselves: this layer does not import them).
+_REFUSED: Dict[type, str] = {}
+
+
+def refuse(kind: type, advice: str) -> None:
+    """Make SubprocessLoader refuse datasets of `kind` with a UsageError saying `advice`."""
+    _REFUSED[kind] = advice
 
 
 class SubprocessLoader(IterableDataset):
@@ -69,16 +80,15 @@ class SubprocessLoader(IterableDataset):
     is re-raised here with the helper's traceback; the helper's death is an error, never a hang.
     """
 
-    runs_in_other_processes = True  # for DataPipeline: a source to iterate in the caller's thread
+    resume_traits = ResumeTraits(other_processes=True)  # for DataPipeline: a source to iterate in the caller's thread
 
     def __init__(
         self, dataset: Any, buffer: int = 4, *, context: Optional[str] = None, timeout: Optional[float] = None,
         preload: Optional[Sequence[str]] = None,
     ) -> None:
-        from ..compat import WebLoader
-
-        if isinstance(dataset, WebLoader):
-            raise UsageError("use WebLoader(..., subprocess=True) to run a WebLoader's pipeline in a helper process")
+        for kind, advice in _REFUSED.items():
+            if isinstance(dataset, kind):
+                raise UsageError(advice)
         if getattr(dataset, "num_workers", 0):
             raise UsageError("SubprocessLoader runs its pipeline with threads in one helper process: num_workers must be 0")
         if buffer < 1:

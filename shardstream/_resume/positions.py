@@ -1,11 +1,11 @@
 """Resume positions: where an item of a pass stands, so that a pass can be resumed after it.
 
-A pipeline is cut at its *pivot*: the last stage that is not a clean cut (`_stages.resume_clean`),
+A pipeline is cut at its *pivot*: the last stage that is not a clean cut (`ResumeTraits.clean_cut`),
 or the shard reader when every stage after it is one. Every item leaving the pivot gets a
 position, and the stages after it (maps, filters, batching) hand on the position of the last
 pivot output they consumed, which is exactly where a resumed pass must continue.
 
-- Seek pivot: the shard reader (`seekable_source`, TarShardSamples) itself. Position = (shard
+- Seek pivot: the shard reader (`ResumeTraits.seekable`, TarShardSamples) itself. Position = (shard
   item, samples read of it, byte offset of the next sample). Resuming opens no finished shard
   and enters the current one at that offset.
 - Count pivot: any other stage (a shuffle buffer, unbatched, a user generator, a mixing source).
@@ -20,7 +20,7 @@ import functools
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .._base.errors import UsageError
-from .._stages.contract import resume_clean
+from .._stages.resumable import traits
 
 __all__ = ["Counted", "InlinePositions", "pivot_wrapper", "resume_pivot"]
 
@@ -28,9 +28,9 @@ __all__ = ["Counted", "InlinePositions", "pivot_wrapper", "resume_pivot"]
 def resume_pivot(stages: Sequence[Any]) -> Tuple[int, str]:
     """(index, "seek" or "count") of the stage a pass is cut at."""
     index = len(stages) - 1
-    while index > 0 and resume_clean(stages[index]):
+    while index > 0 and traits(stages[index]).clean_cut:
         index -= 1
-    seek = index > 0 and getattr(stages[index], "seekable_source", False)
+    seek = index > 0 and traits(stages[index]).seekable
     return index, "seek" if seek else "count"
 
 

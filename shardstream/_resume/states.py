@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .._base.errors import UsageError
 from .._plan.ranks import simulated_layout
 from .._stages.contract import PipelineStage, StreamStage
+from .._stages.resumable import EpochAware, traits
 from .._stages.stream_filters import _rsample, _shuffle
 
 __all__ = ["choose_state", "gather_states", "replay_offsets", "replayable", "unseeded_stages", "worker_view"]
@@ -51,7 +52,7 @@ def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, An
 
 def replayable(stage: Any) -> bool:
     """Whether a shuffle stage gives the same order when run again on the same items (seeded)."""
-    if getattr(stage, "replayable", False):
+    if traits(stage).replayable:
         return True
     return (
         isinstance(stage, StreamStage) and stage.f is _shuffle
@@ -63,7 +64,7 @@ def replay_offsets(stage: Any, epoch: int, rank: int, world: int, worker: int, w
                     length: int, count: int) -> List[int]:
     """The first `count` outputs of a fresh copy of `stage` fed 0..length-1 as (rank, worker)."""
     stage = copy.copy(stage)
-    if hasattr(stage, "set_epoch"):
+    if isinstance(stage, EpochAware):
         stage.set_epoch(epoch)
     with simulated_layout(rank, world, worker, workers):
         run = stage.run if isinstance(stage, PipelineStage) else stage
@@ -79,7 +80,7 @@ def unseeded_stages(stages: Sequence[Any]) -> List[str]:
     ]
     names += ["rsample" for s in stages if isinstance(s, StreamStage) and s.f is _rsample]
     # RandomMix, ResampledShards without a seed
-    names += [type(s).__name__ for s in stages if getattr(s, "deterministic", True) is False]
+    names += [type(s).__name__ for s in stages if not traits(s).deterministic]
     return names
 
 

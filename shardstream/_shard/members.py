@@ -14,10 +14,16 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 from .._base.errors import FetchError, ShardNotFound
 from .._tar.codecs import MAGIC_BYTES, sniff
 from .._base.malloc import tune_malloc
-from .._engine.stats import SourceStats
+from .._base.counters import Counters
 from .._tar.reader import TAIL_SCAN, TarMember, TarReader
 
-__all__ = ["chunk_member_batches", "is_compressed_file", "iter_members", "mapped_member_batches", "member_batches"]
+__all__ = ["SourceStats", "chunk_member_batches", "is_compressed_file", "iter_members", "mapped_member_batches", "member_batches"]
+
+
+class SourceStats(Counters):
+    """Bytes, shards, samples and errors read by a source stage (the engine reports them)."""
+
+    FIELDS = ("bytes", "shards", "samples", "errors")
 
 WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members held at once
 _PAGE = mmap.PAGESIZE
@@ -46,7 +52,7 @@ def chunk_member_batches(
                 reader.limit(chunks.size)  # type: ignore[attr-defined]
                 sized = False
             if stats is not None:
-                stats.add(nbytes=len(chunk))
+                stats.add(bytes=len(chunk))
             members = feed(chunk)
             if info is not None:
                 info["compressed"] = reader.compressed
@@ -99,7 +105,7 @@ def mapped_member_batches(
                 break  # the rest is an incomplete member: feed() + close() report it
             pos += consumed
             if stats is not None:
-                stats.add(nbytes=consumed)
+                stats.add(bytes=consumed)
             yield members
             # Drop the pages behind us from this process's mapping: memory stays bounded by the
             # window, not the shard (the page cache keeps them for the next reader).

@@ -25,13 +25,13 @@ from .._base.errors import FormatError, ShardStreamError, UsageError
 from .._fetch.stream import ChunkStream, FetchOptions, fetches_natively, open_stream
 from .index import index_position
 from .._tar.keys import base_plus_ext, is_meta
-from .members import member_batches
+from .members import SourceStats, member_batches
 from .._fetch.open import iter_chunks, local_path_of
 from .._cache.shardcache import ShardCache
 from .._stages.contract import PipelineStage
-from .._engine.stats import SourceStats
+from .._stages.resumable import ResumeTraits
 from .._tar.reader import TarMember
-from ..handlers import reraise_exception
+from .._base.handlers import reraise_exception
 
 __all__ = ["ShardCursor", "TarShardSamples", "open_origin", "shard_range", "shard_samples", "source_url"]
 
@@ -311,7 +311,7 @@ class TarShardSamples(PipelineStage):
         self.source_stats.add(errors=1)
         return bool(self.handler(exn))
 
-    seekable_source = True  # the engine can follow a cursor's `position` and resume a pass at one
+    resume_traits = ResumeTraits(seekable=True)  # the engine can follow a cursor's `position` and resume a pass at one
 
     @staticmethod
     def cursor() -> ShardCursor:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator
 
-from ..handlers import reraise_exception
+from .._base.handlers import reraise_exception
+from .resumable import CLEAN_CUT, clean_cut
 
 __all__ = [
     "DROP",
@@ -23,7 +24,6 @@ __all__ = [
     "SampleStage",
     "StreamStage",
     "clean_cut",
-    "resume_clean",
 ]
 
 
@@ -47,22 +47,6 @@ class _Drop:
 DROP: Any = _Drop()
 
 
-def clean_cut(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark a generator stage as a *clean cut* for resume positions: whenever it yields, every
-    input it has pulled so far has been passed on (in this or an earlier output) or dropped for
-    good, and it keeps no other state (a restarted copy behaves the same from there on). Maps,
-    filters and batching qualify; a shuffle buffer, an unbatcher or a slice (it counts) do not."""
-    f.resume_clean = True  # type: ignore[attr-defined]
-    return f
-
-
-def resume_clean(stage: Any) -> bool:
-    """Whether a pipeline stage is a clean cut (see `clean_cut`); unknown stages are not."""
-    if isinstance(stage, StreamStage):
-        stage = stage.f
-    return bool(getattr(stage, "resume_clean", False))
-
-
 class PipelineStage:
     """webdataset's base class for stages that are run as `stage.run(source)`."""
 
@@ -81,7 +65,7 @@ class SampleStage(PipelineStage):
     """
 
     name = "sample"
-    resume_clean = True  # one sample in, at most one out
+    resume_traits = CLEAN_CUT  # one sample in, at most one out
     handler: Callable[[BaseException], bool] = staticmethod(reraise_exception)
 
     def apply(self, sample: Any) -> Any:  # pragma: no cover - subclasses override

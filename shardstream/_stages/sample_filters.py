@@ -11,7 +11,7 @@ from fnmatch import fnmatch
 from typing import Any, Callable, Dict, Optional
 
 from .contract import DROP, SampleStage
-from ..handlers import reraise_exception
+from .._base.handlers import reraise_exception
 
 __all__ = [
     "Associate",

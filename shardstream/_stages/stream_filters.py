@@ -19,7 +19,8 @@ import numpy as np
 
 from .._plan.ranks import pytorch_worker_info
 from .._base.redact import redact
-from .contract import PipelineStage, clean_cut
+from .contract import PipelineStage
+from .resumable import ResumeTraits, clean_cut
 from .._base.lazytorch import is_tensor
 
 __all__ = [
@@ -69,7 +70,7 @@ def _shuffle(data, bufsize=1000, initial=100, rng=None, seed=None, handler=None)
 class detshuffle(PipelineStage):
     """Shuffle seeded by seed + epoch; the epoch advances on every pass."""
 
-    replayable = True  # the same order again for the same epoch (elastic resume recomputes it)
+    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same epoch (elastic resume recomputes it)
 
     def __init__(self, bufsize=1000, initial=100, seed=0, epoch=-1):
         self.bufsize = bufsize
@@ -96,7 +97,7 @@ class SeededShuffle(PipelineStage):
     rank and DataLoader worker and in every epoch (what WebDataset(seed=...).shuffle(n) uses)."""
 
     name = "shuffle"
-    replayable = True  # the same order again for the same (seed, epoch, rank, worker)
+    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch, rank, worker)
 
     def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0) -> None:
         self.bufsize = bufsize

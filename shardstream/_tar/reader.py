@@ -341,7 +341,7 @@ class TarReader:
         """
         hdr = buf[pos : pos + BLOCK]
         offset = self._base + pos
-        if not _checksum_ok(hdr):
+        if not header_checksum_ok(hdr):
             if hdr == _ZERO_BLOCK:
                 if self._ext is not None:
                     message = "end-of-archive block right after an extension header"
@@ -442,7 +442,7 @@ class TarReader:
         whole = len(data) - len(data) % BLOCK
         for start in range(0, whole, BLOCK):
             block = data[start : start + BLOCK]
-            if block != _ZERO_BLOCK and _checksum_ok(block):
+            if block != _ZERO_BLOCK and header_checksum_ok(block):
                 raise self._fail(
                     "a tar header after the end-of-archive block: a damaged shard (zero blocks in the "
                     "middle) or concatenated archives", offset=self._tail_at + start,
@@ -497,7 +497,7 @@ def _number(field: bytes) -> int:
     return int(field.partition(b"\0")[0].decode("ascii").strip() or "0", 8)
 
 
-def _checksum_ok(hdr: bytes) -> bool:
+def header_checksum_ok(hdr: bytes) -> bool:
     """Exact header checksum check, unsigned or signed bytes (old tars used signed char)."""
     field = hdr[148:156]
     try:

@@ -1,0 +1,1 @@
+"""TarWriter, ShardWriter and the encoders (see README.md in this folder)."""
