@@ -19,7 +19,7 @@ SUBMODULES = {
     "handlers": "handlers",
     "mix": "mix",
     "pipeline": "pipeline",
-    "pytorch": "_torch",
+    "pytorch": "_base.lazytorch",
     "shardlists": "shardlists",
     "tariterators": "tariterators",
     "tenbin": "tenbin",
