@@ -27,7 +27,7 @@ from ._base.errors import (
     ShardStreamError,
     UsageError,
 )
-from ._fetch.stream import FetchOptions
+from ._fetch.options import FetchOptions
 from ._fetch.open import allow_pipe
 from ._resume.states import gather_states
 from ._shard.samples import TarShardSamples

@@ -12,12 +12,12 @@ import yaml
 
 from . import filters, shardlists, utils
 from ._base.errors import UsageError
-from ._fetch.stream import FetchOptions
+from ._fetch.options import FetchOptions
 from ._resume.states import choose_state, worker_view
 from ._shard.samples import TarShardSamples
 from ._cache.shardcache import cache_from_options
 from ._resume.equal_split import EqualSplit
-from ._stages.resumable import clean_cut, declare, traits
+from ._stages.resumable import declare, traits
 from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
 from ._stages.stream_filters import SeededShuffle
 from ._loader.subprocess import SubprocessLoader, refuse

@@ -19,7 +19,7 @@ from typing import IO, Any, Callable, Dict
 from urllib.parse import urlparse
 
 from ._base.errors import UsageError
-from ._fetch.stream import fetches_natively
+from ._fetch.registry import fetches_natively
 from ._fetch.open import local_path_of, open_url
 from ._fetch.openers import (
     StreamReader,

@@ -20,7 +20,7 @@ from looptools import loop_tasks, reader, serve_app, wait_for, write_files
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 
-from shardstream._fetch import stream as _fetch  # noqa: E402
+from shardstream._fetch import registry as _fetch  # noqa: E402
 from shardstream._base.errors import (  # noqa: E402
     FetchError,
     FetchTimeout,
@@ -28,13 +28,9 @@ from shardstream._base.errors import (  # noqa: E402
     ShardNotFound,
     UsageError,
 )
-from shardstream._fetch.stream import (  # noqa: E402
-    FetchOptions,
-    fetch_stats,
-    fetch_stream,
-    open_stream,
-    register_fetcher,
-)
+from shardstream._fetch.stream import open_stream
+from shardstream._fetch.registry import fetch_stream, register_fetcher
+from shardstream._fetch.options import FetchOptions, fetch_stats
 from shardstream._fetch.loop import get_loop, run_coroutine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(20)

@@ -18,7 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from shardserver import ShardServer  # noqa: E402
 
 from shardstream._base.errors import FetchError, ShardNotFound  # noqa: E402
-from shardstream._fetch.stream import FetchOptions, fetch_stream, open_stream  # noqa: E402
+from shardstream._fetch.stream import open_stream  # noqa: E402
+from shardstream._fetch.registry import fetch_stream
+from shardstream._fetch.options import FetchOptions
 from shardstream._fetch.http import http_stream  # noqa: E402
 from shardstream._fetch.loop import run_coroutine  # noqa: E402
 
@@ -280,7 +282,7 @@ def test_a_registered_scheme_reaches_the_loader_gopen_and_the_cli(tmp_path, caps
     import tarfile
 
     import shardstream as wds
-    from shardstream._fetch.stream import register_fetcher
+    from shardstream._fetch.registry import register_fetcher
     from shardstream.cli import main
 
     buf = io.BytesIO()

@@ -23,7 +23,7 @@ from botocore.exceptions import (
 )
 from motoserver import free_port, moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
 
-from shardstream._fetch import stream as _fetch
+from shardstream._fetch import options as _fetch
 from shardstream._fetch import s3 as _s3
 from shardstream._base.errors import (
     FetchError,

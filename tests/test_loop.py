@@ -19,7 +19,8 @@ from shardserver import ShardServer  # noqa: E402
 
 from shardstream._fetch import loop as _loop  # noqa: E402
 from shardstream._base.errors import FetchError  # noqa: E402
-from shardstream._fetch.stream import FetchOptions, open_stream  # noqa: E402
+from shardstream._fetch.stream import open_stream  # noqa: E402
+from shardstream._fetch.options import FetchOptions
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 import shardstream._fetch.parts as parts
-from shardstream._fetch.stream import FetchOptions, open_stream
+from shardstream._fetch.stream import open_stream
+from shardstream._fetch.options import FetchOptions
 from shardstream._fetch.loop import run_coroutine
 
 from looptools import write_files

@@ -10,7 +10,8 @@ import pytest
 
 import shardstream as wds
 import shardstream._fetch.retries as retries
-from shardstream._fetch.stream import FetchOptions, open_stream
+from shardstream._fetch.stream import open_stream
+from shardstream._fetch.options import FetchOptions
 
 from looptools import write_files
 from shardserver import ShardServer

@@ -20,7 +20,7 @@ from aiohttp import hdrs
 
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url
 from .retries import backoff_delay, log_retry, watch
-from .stream import FetchOptions, note_fetch, note_size
+from .options import FetchOptions, note_fetch, note_size
 from .loop import get_session
 
 __all__ = ["http_stream", "translate_error"]

@@ -45,7 +45,7 @@ from botocore.exceptions import (
 
 from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
-from .stream import FetchOptions, note_fetch
+from .options import FetchOptions, note_fetch
 from .retries import backoff_delay, log_retry
 
 __all__ = ["S3Stats", "close_s3_clients", "s3_list", "s3_stats", "s3_stream"]

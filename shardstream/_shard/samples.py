@@ -22,7 +22,9 @@ from typing import (
 from urllib.parse import urlparse
 
 from .._base.errors import FormatError, ShardStreamError, UsageError
-from .._fetch.stream import ChunkStream, FetchOptions, fetches_natively, open_stream
+from .._fetch.stream import ChunkStream, open_stream
+from .._fetch.registry import fetches_natively
+from .._fetch.options import FetchOptions
 from .index import index_position
 from .._tar.keys import base_plus_ext, is_meta
 from .members import SourceStats, member_batches

@@ -1,0 +1,173 @@
+"""The scheme registry and `fetch_stream`: the bytes of any URL as an async stream.
+
+`fetch_stream` dispatches on the URL scheme: http(s) to `http`, s3 to `s3`, schemes added with
+`register_fetcher`, and everything else (paths, file:, pipe:, other fsspec protocols) to the
+blocking opener in `open`, run in worker threads. The registry is the one place that decides
+which schemes are fetched natively (`fetches_natively`): the loader, counts, gopen and the CLI ask it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import threading
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Union
+
+from .._base.errors import FetchError, ShardStreamError, UsageError
+from .open import open_url
+from .options import FetchOptions, note_fetch
+from .parts import parallel_stream
+
+__all__ = ["Fetcher", "fetch_stream", "fetches_natively", "register_fetcher"]
+
+Fetcher = Callable[..., AsyncIterator[bytes]]  # (url, *, options, start=0) -> chunks
+
+
+# --- the scheme registry ------------------------------------------------------------------------
+
+# Built-in fetchers are "module:function" strings, imported on first use: aiohttp and the S3
+# client are optional, and a missing one must fail only for the URLs that need it.
+_fetchers: Dict[str, Union[str, Fetcher]] = {
+    "http": ".http:http_stream",
+    "https": ".http:http_stream",
+    "s3": ".s3:s3_stream",
+}
+# Fetchers that can fetch in parallel parts (see _parts.parallel_stream for the contract).
+_PARTED = {".http:http_stream"}
+_registry_lock = threading.Lock()
+
+
+def register_fetcher(scheme: str, fetcher: Optional[Fetcher]) -> Optional[Union[str, Fetcher]]:
+    """Route `scheme://` URLs to `fetcher(url, *, options, start=0)`, an async iterator of bytes
+    (None removes the route); return the previous entry."""
+    if not scheme or not scheme.replace("+", "").replace("-", "").replace(".", "").isalnum():
+        raise ValueError(f"invalid URL scheme {scheme!r}")
+    with _registry_lock:
+        previous = _fetchers.pop(scheme.lower(), None)
+        if fetcher is not None:
+            _fetchers[scheme.lower()] = fetcher
+        return previous
+
+
+def fetches_natively(url: str) -> bool:
+    """Whether `url`'s scheme has a fetcher in the registry (http, https, s3 and every scheme
+    added with `register_fetcher`): such URLs stream through the async fetchers; the rest
+    (paths, file:, pipe:, other fsspec protocols) through the blocking opener."""
+    return _entry_for(url) is not None
+
+
+def _entry_for(url: str) -> Optional[Union[str, Fetcher]]:
+    scheme, sep, _ = url.partition("://")
+    return _fetchers.get(scheme.lower()) if sep else None
+
+
+def _resolve(entry: str, url: str) -> Any:
+    module_name, _, name = entry.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name, __package__), name)
+    except ImportError as exc:
+        scheme = url.partition("://")[0]
+        raise UsageError(f"{scheme}:// URLs need an optional dependency: {exc}", url=url) from exc
+
+
+def _fetcher_for(url: str) -> Fetcher:
+    entry = _entry_for(url)
+    if entry is None:
+        return _blocking_stream
+    if isinstance(entry, str):
+        return _resolve(entry, url)
+    return entry
+
+
+def _chunks_for(url: str, options: FetchOptions, start: int) -> AsyncIterator[bytes]:
+    if options.parallel_parts > 1:
+        entry = _entry_for(url)
+        if isinstance(entry, str) and entry in _PARTED:
+            return parallel_stream(url, options, start, _resolve(entry, url))
+    return _fetcher_for(url)(url, options=options, start=start)
+
+
+async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, start: int = 0) -> AsyncIterator[bytes]:
+    """Yield the bytes of `url` from byte `start` on, in chunks, retrying as `options` say.
+
+    Raises:
+        ShardNotFound: nothing at the URL (never retried).
+        FetchError (FetchTimeout, NetworkError): the bytes could not be fetched; the message
+            names the URL (credentials redacted) and the offset reached.
+        UsageError: the URL needs something not enabled or installed (pipe:, aiohttp, s3).
+    """
+    options = options or FetchOptions()
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    offset = start
+    try:
+        chunks = _chunks_for(url, options, start)
+        try:
+            async for chunk in chunks:
+                offset += len(chunk)
+                note_fetch(bytes=len(chunk))
+                yield chunk
+        finally:
+            await chunks.aclose()  # `async for` does not close it when we are closed or cancelled
+    except ShardStreamError:
+        note_fetch(failures=1)
+        raise
+    except Exception as exc:  # a third-party fetcher's own error: keep the tree's promise
+        note_fetch(failures=1)
+        raise FetchError(f"fetch failed: {type(exc).__name__}: {exc}", url=url, offset=offset) from exc
+
+
+class _BlockingReader:
+    """A blocking source (file, pipe, fsspec) read in worker threads, one call at a time."""
+
+    def __init__(self, url: str, chunk_size: int, start: int) -> None:
+        self.url, self.chunk_size, self.start = url, chunk_size, start
+        self.file: Any = None
+        self.offset = 0
+
+    def read(self) -> bytes:
+        if self.file is None:
+            self.file = open_url(self.url)
+            self._skip_to_start()
+        try:
+            chunk = self.file.read(self.chunk_size)
+        except OSError as exc:
+            raise FetchError(f"read failed: {exc}", url=self.url, offset=self.offset) from exc
+        self.offset += len(chunk)
+        return chunk
+
+    def _skip_to_start(self) -> None:
+        seekable = getattr(self.file, "seekable", None)
+        if self.start and seekable is not None and seekable():
+            self.offset = self.file.seek(self.start)
+            return
+        while self.offset < self.start:  # pipes: read and drop the prefix
+            chunk = self.file.read(min(self.chunk_size, self.start - self.offset))
+            if not chunk:
+                break
+            self.offset += len(chunk)
+
+    def close(self) -> None:
+        if self.file is not None and self.url != "-":
+            self.file.close()
+
+
+async def _blocking_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncIterator[bytes]:
+    """Local files, pipe: and other fsspec URLs, read in the loop's default executor."""
+    loop = asyncio.get_running_loop()
+    reader = _BlockingReader(url, options.chunk_size, start)
+    pending: Optional[asyncio.Future] = None
+    try:
+        while True:
+            pending = loop.run_in_executor(None, reader.read)
+            chunk = await asyncio.shield(pending)
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            # Cancelled mid-read: the worker still uses the file; close it only once it is done.
+            await asyncio.wait({pending})
+        await loop.run_in_executor(None, reader.close)
+
+
