@@ -17,7 +17,7 @@ from . import (
     utils,
 )
 from ._engine.config import EngineConfig, engine_defaults, set_engine_defaults
-from ._decode.decoder import allow_pickle
+from ._decode.basic import allow_pickle
 from ._base.errors import (
     FetchError,
     FetchTimeout,

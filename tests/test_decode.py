@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webdataset import tenbin as wtenbin
 
-import shardstream._decode.decoder as _decode
+import shardstream._decode.basic as _decode
 import shardstream.autodecode as sa
 from shardstream._decode import tenbin as _tenbin
 from shardstream._base.errors import ShardStreamError, UsageError

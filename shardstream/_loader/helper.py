@@ -73,7 +73,7 @@ def helper_main(conn: Any, recipe: bytes, options: HelperOptions) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
     os.environ.clear()
     os.environ.update(options.environ)
-    from .._decode.decoder import allow_pickle
+    from .._decode.basic import allow_pickle
     from .._fetch.open import allow_pipe
 
     set_engine_defaults(**dataclasses.asdict(options.engine))

@@ -26,7 +26,7 @@ import weakref
 from typing import Any, Dict, Optional, Sequence
 
 from .._engine.config import engine_defaults
-from .._decode.decoder import pickle_allowed
+from .._decode.basic import pickle_allowed
 from .._base.errors import ShardStreamError, UsageError
 from .helper import HelperOptions, Report, helper_main, pipeline_of
 from .._stages.resumable import ResumeTraits

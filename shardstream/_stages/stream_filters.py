@@ -246,7 +246,7 @@ def decode_text(stream):
 
 
 def decode_pickle(stream):
-    from .._decode.decoder import check_pickle_allowed
+    from .._decode.basic import check_pickle_allowed
 
     check_pickle_allowed("xdecode of a .pyd field")
     import pickle
