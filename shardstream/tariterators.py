@@ -25,7 +25,8 @@ import braceexpand
 from ._base.errors import ShardStreamError
 from ._tar.keys import META_PATTERN, base_plus_ext, is_meta
 from ._shard.members import iter_members
-from ._shard.samples import TarShardSamples, shard_range
+from ._shard.samples import TarShardSamples
+from ._shard.origin import shard_range
 from .gopen import gopen
 from .handlers import reraise_exception
 

@@ -6,7 +6,7 @@ import os
 
 from .._base.errors import UsageError
 from .._shard.members import iter_members
-from .._shard.samples import open_origin
+from .._shard.origin import open_origin
 from ._common import say
 
 __all__ = ["cmd_extract", "safe_target"]

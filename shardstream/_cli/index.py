@@ -13,7 +13,7 @@ from .._base.errors import UsageError
 from .._fetch.open import local_path_of
 from .._prep._dest import Destination
 from .._prep._indexes import dali_text, idx_text, scan_indexes
-from .._shard.samples import open_origin
+from .._shard.origin import open_origin
 from .._plan.urls import shard_name
 from ._common import bar, say, shard_urls
 

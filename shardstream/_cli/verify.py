@@ -14,7 +14,8 @@ from .._shard.counts import known_counts
 from .._base.errors import FormatError, ShardStreamError
 from .._tar.keys import base_plus_ext
 from .._shard.members import iter_members
-from .._shard.samples import TarShardSamples, open_origin
+from .._shard.samples import TarShardSamples
+from .._shard.origin import open_origin
 from ._common import bar, is_image, say, shard_urls
 
 __all__ = ["cmd_verify", "parse_require", "verify_shard"]

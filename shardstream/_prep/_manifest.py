@@ -13,7 +13,7 @@ from urllib.parse import urljoin
 from .._base.errors import UsageError
 from .._fetch.open import local_path_of
 from .._base.redact import redact
-from .._shard.samples import open_origin
+from .._shard.origin import open_origin
 from .._plan.urls import shard_name
 from ._options import CreateOptions
 from ._rows import IMAGE_SUFFIXES, Listing, Ref, Row, safe_key

@@ -18,7 +18,8 @@ from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Name
 
 from .._base.errors import ShardStreamError
 from .._base.redact import redact
-from .._shard.samples import TarShardSamples, open_origin
+from .._shard.samples import TarShardSamples
+from .._shard.origin import open_origin
 from .._writer.tarwriter import TarWriter
 from ._dest import Destination
 from ._indexes import DaliMember, dali_split, dali_text, idx_text

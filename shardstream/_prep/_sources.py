@@ -18,7 +18,7 @@ from .._base.errors import UsageError
 from .._tar.keys import base_plus_ext
 from .._fetch.open import local_path_of
 from .._base.redact import redact
-from .._shard.samples import open_origin
+from .._shard.origin import open_origin
 from .._plan.urls import expand_urls, shard_name
 from ._manifest import MANIFEST_SUFFIXES, read_manifest
 from ._options import SHARD_SUFFIXES, CreateOptions

@@ -49,7 +49,8 @@ from .._shard.counts import cheap_counts, read_counts
 from .._base.errors import UsageError
 from .._plan.ranks import pytorch_worker_info
 from .states import worker_view
-from .._shard.samples import TarShardSamples, source_url
+from .._shard.samples import TarShardSamples
+from .._shard.origin import source_url
 from .._plan.elastic import merge_ranges, ranges_length, take_ranges
 from .._plan.scheduler import SchedulerConfig, SchedulerState, Shard, ShardScheduler, Slice
 from .._stages.contract import PipelineStage

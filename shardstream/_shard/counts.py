@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from .index import read_index, summarize, walk_shard
 from .members import is_compressed_file
 from .._fetch.open import local_path_of
-from .samples import open_origin
+from .origin import open_origin
 from .._tar.reader import TarMember
 from .._plan.urls import shard_name
 

@@ -19,23 +19,22 @@ from typing import (
     Sequence,
     Tuple,
 )
-from urllib.parse import urlparse
 
 from .._base.errors import FormatError, ShardStreamError, UsageError
 from .._fetch.stream import ChunkStream, open_stream
-from .._fetch.registry import fetches_natively
 from .._fetch.options import FetchOptions
 from .index import index_position
 from .._tar.keys import base_plus_ext, is_meta
 from .members import SourceStats, member_batches
-from .._fetch.open import iter_chunks, local_path_of
+from .._fetch.open import local_path_of
+from .origin import is_remote, open_origin, pulling, shard_range, source_url
 from .._cache.shardcache import ShardCache
 from .._stages.contract import PipelineStage
 from .._stages.resumable import ResumeTraits
 from .._tar.reader import TarMember
 from .._base.handlers import reraise_exception
 
-__all__ = ["ShardCursor", "TarShardSamples", "open_origin", "shard_range", "shard_samples", "source_url"]
+__all__ = ["ShardCursor", "TarShardSamples", "shard_samples"]
 
 Handler = Callable[[BaseException], bool]
 
@@ -146,51 +145,6 @@ class ShardCursor:
 
 
 _NO_ITEM = object()
-def _is_remote(url: str) -> bool:
-    """Shards fetched by the registry's async fetchers (the rest go through _open: files, pipe:, fsspec)."""
-    return fetches_natively(url)
-
-
-def open_origin(
-    url: str, start: int = 0, options: Optional[FetchOptions] = None, allow_pipe: Optional[bool] = None
-) -> Iterable[bytes]:
-    """The bytes of `url` from byte `start`, from where it lives: our async fetchers for
-    http(s) and s3 (retries, Range resume, one shared session), else files, `pipe:` and fsspec."""
-    if _is_remote(url):
-        return open_stream(url, options=options, start=start)
-    return iter_chunks(url, allow_pipe=allow_pipe, start=start)
-
-
-def _pulling(stream: ChunkStream) -> bool:
-    """A stream still downloading with room in its buffer (it holds a connection busy)."""
-    return stream.downloading and stream.buffered_bytes < stream.options.prefetch_bytes
-
-
-def shard_range(item: Any) -> tuple:
-    """(start, stop) sample indices of a shard-list item: dict(url=..., start=..., stop=...)."""
-    if isinstance(item, dict):
-        return item.get("start", 0) or 0, item.get("stop")
-    return 0, None
-
-
-def source_url(item: Any, find_local_path: bool = True) -> tuple:
-    """(url, local_path) from a shard-list item: a dict(url=..., [local_path=...]) or a string.
-
-    With find_local_path, plain paths and file: URLs are their own local path (what
-    WebDataset's opener reports as `__local_path__`; the function-style pipeline does not).
-    """
-    if isinstance(item, dict):
-        url = item["url"]
-        local_path = item.get("local_path")
-    else:
-        url, local_path = item, None
-    if local_path is None and find_local_path:
-        parsed = urlparse(url)
-        if parsed.scheme in ("", "file") and not url.startswith("pipe:") and url != "-":
-            local_path = parsed.path
-    return url, local_path
-
-
 class TarShardSamples(PipelineStage):
     """Shard URLs in, samples out: webdataset's url_opener + tar_file_expander + group_by_keys, fused.
 
@@ -253,7 +207,7 @@ class TarShardSamples(PipelineStage):
 
     def _open_ahead(self, url: str, start: int) -> Optional[ChunkStream]:
         """Start downloading a remote shard now (unless it is served from the cache)."""
-        if self.opener is not None or start or not _is_remote(url):
+        if self.opener is not None or start or not is_remote(url):
             return None
         if self.cache is not None and self.cache.will_serve(url):
             return None
@@ -349,7 +303,7 @@ class TarShardSamples(PipelineStage):
             nonlocal exhausted
             while not exhausted and len(ahead) < 4 * self.shards_in_flight:
                 streams = [ready for _index, _item, ready in ahead if ready is not None]
-                busy = sum(1 for ready in streams if _pulling(ready))
+                busy = sum(1 for ready in streams if pulling(ready))
                 if ahead and (busy >= self.shards_in_flight or sum(r.buffered_bytes for r in streams) >= budget):
                     return
                 index, item = next(numbered, (0, _NO_ITEM))
