@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 import shardstream as wds
-from shardstream._engine.run import split_segments
+from shardstream._engine.segments import split_segments
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 

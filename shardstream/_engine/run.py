@@ -22,111 +22,17 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 from .channel import END, Channel, Failure, Stopped
 from .config import EngineConfig
 from .pool import get_pool
-from .._stages.contract import DROP, SampleStage
 from .._base.counters import Counters
+from .segments import STOP, Segment, note_stage, run_task, split_segments, tracked
 from .stats import PipelineStats, StageStats
 
 __all__ = ["EngineIterator", "Segment", "split_segments"]
 
 log = logging.getLogger(__name__)
 
-_STOP: Any = object()  # a handler asked to stop the stream: end it after the items before
 _TASK_TARGET_S = 0.001  # aim for pool tasks of about this long (chunking amortises overhead)
 _CHUNK_TARGET_S = 0.0005  # and for queue chunks that take about this long to produce
 _JOIN_TIMEOUT_S = 5.0
-
-
-class _Chunk(list):
-    """A chunk of items with the source `positions` they stand at (when positions are tracked)."""
-
-    __slots__ = ("positions",)
-
-
-def _tracked(items: List[Any], positions: List[Any]) -> _Chunk:
-    chunk = _Chunk(items)
-    chunk.positions = positions
-    return chunk
-
-
-class Segment:
-    """A run of consecutive stages of one kind."""
-
-    def __init__(self, kind: str, stages: List[Any], start: int = 0) -> None:
-        self.kind = kind  # "stream" or "parallel"
-        self.stages = stages
-        self.start = start  # index of its first stage in the pipeline
-
-    @property
-    def name(self) -> str:
-        return "+".join(_stage_name(s) for s in self.stages)
-
-
-def _stage_name(stage: Any) -> str:
-    name = getattr(stage, "name", None)
-    if isinstance(name, str):
-        return name
-    return getattr(stage, "__name__", None) or type(stage).__name__
-
-
-def split_segments(stages: Sequence[Any]) -> List[Segment]:
-    """Group the pipeline into alternating stream and parallel segments (the source is stream)."""
-    segments: List[Segment] = []
-    for i, stage in enumerate(stages):
-        kind = "parallel" if i > 0 and isinstance(stage, SampleStage) else "stream"
-        if segments and segments[-1].kind == kind:
-            segments[-1].stages.append(stage)
-        else:
-            segments.append(Segment(kind, [stage], i))
-    return segments
-
-
-def _note(exc: BaseException, stage: str) -> None:
-    if hasattr(exc, "add_note"):
-        notes = getattr(exc, "__notes__", [])
-        text = f"shardstream: raised in stage {stage!r}"
-        if text not in notes:
-            exc.add_note(text)
-
-
-def _run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats) -> List[Any]:
-    """Run a chunk of samples through fused sample stages (on a pool thread)."""
-    positions = getattr(chunk, "positions", None)
-    out: List[Any] = [] if positions is None else _tracked([], [])
-    if positions is not None:
-        kept = out.positions  # type: ignore[attr-defined]
-        appended = out.append
-
-        def append(item: Any) -> None:  # keep each survivor's position beside it
-            kept.append(positions[index] if item is not _STOP else None)
-            appended(item)
-    else:
-        append = out.append
-    failures = 0
-    start = time.perf_counter()
-    try:
-        for index, sample in enumerate(chunk):
-            for stage in stages:
-                try:
-                    sample = stage.apply(sample)
-                except Exception as exn:
-                    failures += 1
-                    try:
-                        skip = stage.handler(exn)
-                    except BaseException as raised:
-                        _note(raised, stage.name)
-                        raise
-                    if not skip:
-                        append(_STOP)
-                        return out
-                    sample = DROP
-                    break
-                if sample is DROP:
-                    break
-            if sample is not DROP:
-                append(sample)
-        return out
-    finally:
-        stats.record(time.perf_counter() - start, len(chunk), failures)
 
 
 class _Run:
@@ -228,7 +134,7 @@ class _Run:
                 entry = self._result(entry, channel)
             positions = getattr(entry, "positions", None) if cell is not None else None
             for index, item in enumerate(entry):
-                if item is _STOP:
+                if item is STOP:
                     return
                 if positions is not None:
                     cell[0] = positions[index]  # type: ignore[index]
@@ -261,7 +167,7 @@ class _Run:
         except Stopped:
             pass
         except BaseException as exc:  # shipped to the consumer, raised there
-            _note(exc, segment.name)
+            note_stage(exc, segment.name)
             try:
                 out.put(Failure(exc))
             except Stopped:
@@ -286,7 +192,7 @@ class _Run:
         nxt = source.__next__
         while True:
             n = limit()
-            chunk: List[Any] = [] if where is None else _tracked([], [])
+            chunk: List[Any] = [] if where is None else tracked([], [])
             append = chunk.append
             waited = qstats.get_wait_s if qstats is not None else 0.0
             start = clock()
@@ -351,12 +257,12 @@ class _Run:
 
         def flush(chunk: List[Any]) -> None:
             if ordered:
-                out.put(submit(_run_task, stages, chunk, pstats))
+                out.put(submit(run_task, stages, chunk, pstats))
                 return
             while not slots.acquire(timeout=0.05):
                 if self.stop.is_set():
                     raise Stopped()
-            submit(_run_task, stages, chunk, pstats).add_done_callback(deliver)
+            submit(run_task, stages, chunk, pstats).add_done_callback(deliver)
 
         for chunk in self._chunks(source, stats, upstream, limit, where):
             flush(chunk)
@@ -383,9 +289,9 @@ class _Run:
         except BaseException:
             self.close()
             raise
-        if entry and entry[-1] is _STOP:
+        if entry and entry[-1] is STOP:
             positions = getattr(entry, "positions", None)
-            entry = entry[:-1] if positions is None else _tracked(entry[:-1], positions[:-1])
+            entry = entry[:-1] if positions is None else tracked(entry[:-1], positions[:-1])
             self.close()
         self.delivered += len(entry)
         if self.config.log_interval is not None:
