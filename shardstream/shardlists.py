@@ -18,7 +18,8 @@ from . import utils
 from ._shard.counts import known_counts
 from ._shard.dirshards import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
 from ._fetch.listing import expand_listings
-from ._plan.scheduler import SchedulerConfig, Shard, ShardScheduler
+from ._plan.scheduler import ShardScheduler
+from ._plan.shards import SchedulerConfig, Shard
 from ._resume.equal_split import WORKER_SPLIT, EqualSplit
 from ._stages.resumable import ResumeTraits
 from ._base.lazytorch import IterableDataset

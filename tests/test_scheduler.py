@@ -18,14 +18,8 @@ from hypothesis import strategies as st
 import shardstream._plan.elastic as resume_module
 import shardstream._plan.scheduler as scheduler_module
 from shardstream._base.errors import UsageError
-from shardstream._plan.scheduler import (
-    SchedulerConfig,
-    SchedulerState,
-    Shard,
-    ShardScheduler,
-    Slice,
-    shards_from_sizes,
-)
+from shardstream._plan.scheduler import SchedulerState, ShardScheduler
+from shardstream._plan.shards import SchedulerConfig, Shard, Slice, shards_from_sizes
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -52,7 +52,8 @@ from .states import worker_view
 from .._shard.samples import TarShardSamples
 from .._shard.origin import source_url
 from .._plan.elastic import merge_ranges, ranges_length, take_ranges
-from .._plan.scheduler import SchedulerConfig, SchedulerState, Shard, ShardScheduler, Slice
+from .._plan.scheduler import SchedulerState, ShardScheduler
+from .._plan.shards import SchedulerConfig, Shard, Slice
 from .._stages.contract import PipelineStage
 from .._tar.reader import TarMember
 
