@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import random
 import warnings
@@ -13,18 +12,19 @@ import yaml
 from . import filters, shardlists, utils
 from ._base.errors import UsageError
 from ._fetch.options import FetchOptions
-from ._resume.states import choose_state, worker_view
+from ._resume.states import worker_view
 from ._shard.samples import TarShardSamples
 from ._cache.shardcache import cache_from_options
 from ._resume.equal_split import EqualSplit
 from ._stages.resumable import declare, traits
-from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
+from ._resume.statecheck import STATE_FORMAT, fingerprint
 from ._stages.stream_filters import SeededShuffle
 from ._loader.subprocess import SubprocessLoader, refuse
 from ._base.lazytorch import DataLoader
 from .filters import pipelinefilter
 from .handlers import reraise_exception
-from .pipeline import WORKER_END, DataPipeline, Tagged
+from .pipeline import DataPipeline
+from ._engine.passes import WORKER_END, Tagged
 from .tariterators import group_by_keys, tar_file_expander
 
 __all__ = [
@@ -284,8 +284,7 @@ class WebLoader(DataPipeline, FluidInterface):
         self._stateful = isinstance(dataset, DataPipeline) and kw.get("batch_size", 1) is None
         self._origin = dataset if self._stateful else None  # where the caller may set_epoch by hand
         if self._stateful:
-            dataset = copy.copy(dataset)  # the caller's dataset keeps handing out plain items
-            dataset._tag_outputs = True
+            dataset = dataset.tagged_copy()  # the caller's dataset keeps handing out plain items
             if args:
                 args[0] = dataset
             else:
@@ -306,7 +305,7 @@ class WebLoader(DataPipeline, FluidInterface):
     def __iter__(self):
         it = super().__iter__()
         if self._pending is not None:  # continuing a saved epoch: its items count towards with_epoch
-            it._delivered = int(self._pending.get("loader_delivered") or 0)
+            it.credit(int(self._pending.get("loader_delivered") or 0))
         return it
 
     def compose(self, *args):
@@ -374,7 +373,7 @@ class WebLoader(DataPipeline, FluidInterface):
             self._dataset.count_samples()  # once here, not in every worker
         it = super().iterator1(position, track, resumed)
         if isinstance(self._dataset, DataPipeline):
-            self._dataset._resume = None  # the workers have their copy of the resume point
+            self._dataset.forget_resume_point()  # the workers have their copy of the resume point
         return it
 
     def set_epoch(self, epoch: int) -> None:
@@ -397,7 +396,7 @@ class WebLoader(DataPipeline, FluidInterface):
             "epoch": self._dataset.epoch,
             "per_worker": {str(k): v for k, v in counts.items()},
             "positions": {str(k): v for k, v in positions.items() if v is not None},
-            "layout": self._dataset._layout(self._workers()),
+            "layout": self._dataset.layout(self._workers()),
             "split": self._loader_split,
             # without workers the dataset runs here and counts its passes (see pass_base)
             "passes": self._dataset.progress()[2] if not getattr(self.pipeline[0], "num_workers", 0) else 0,
@@ -417,10 +416,7 @@ class WebLoader(DataPipeline, FluidInterface):
         every rank's (`gather_states`) to finish it on another world size or worker count."""
         if not self._stateful:
             raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
-        own, history = choose_state(check_state(state, self._fingerprinted(), "loader"), self._dataset._layout(self._workers()))
-        state = own if own is not None else self._dataset._elastic(history)
-        self._dataset._load(state)
-        self._dataset._warn_unseeded()
+        state = self._dataset.resume_from(state, self._fingerprinted(), "loader", self._workers())
         held = [s for s in self.pipeline[2:] if not traits(s).clean_cut]
         if held:
             warnings.warn(

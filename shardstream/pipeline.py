@@ -23,13 +23,14 @@ from ._resume.states import (
 )
 from ._resume.equal_split import SHARD_SPLIT, EqualSplit, check_history
 from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
+from ._engine.passes import PipelineIterator
 from ._stages.contract import PipelineStage
 from ._stages.resumable import EpochAware, traits
 from ._engine.stats import PipelineStats
 from ._base.lazytorch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
-__all__ = ["DataPipeline", "PipelineIterator", "Tagged", "WORKER_END", "add_length_method"]
+__all__ = ["DataPipeline", "add_length_method"]
 
 
 def add_length_method(obj):
@@ -46,179 +47,6 @@ def add_length_method(obj):
 def _runs_elsewhere(source: Any) -> bool:
     """A source whose pipeline runs in other processes: a torch DataLoader, a SubprocessLoader."""
     return is_dataloader(source) or traits(source).other_processes
-
-
-class _WorkerEnd:
-    def __reduce__(self):
-        return (_worker_end, ())
-
-
-WORKER_END: Any = _WorkerEnd()
-
-
-def _worker_end() -> Any:
-    return WORKER_END
-
-
-class Tagged:
-    """An item from a DataLoader worker with where it came from (unwrapped by WebLoader): the
-    worker, its count of items delivered, and its resume position (None: not seekable)."""
-
-    __slots__ = ("item", "worker", "count", "position")
-
-    def __init__(self, item: Any, worker: int, count: int, position: Any = None) -> None:
-        self.item, self.worker, self.count, self.position = item, worker, count, position
-
-    def __reduce__(self):
-        return (Tagged, (self.item, self.worker, self.count, self.position))
-
-
-class PipelineIterator:
-    """Iterates `repetitions` passes of a pipeline, capped at `limit` items (with_epoch / repeat).
-
-    Besides iteration it offers `stats()` (of the current engine pass) and `close()`.
-    """
-
-    def __init__(
-        self, pipeline: "DataPipeline", repetitions: int, limit: Optional[int], skip: int = 0, tag: Optional[int] = None,
-        seek: Optional[Sequence[Any]] = None, track: bool = False, resumed: bool = False,
-        pass_base: Optional[int] = None,
-    ) -> None:
-        self._pipeline = pipeline
-        self._skip = skip  # items of a resumed epoch already delivered before the checkpoint
-        self._tag = tag  # DataLoader worker id: items go out tagged for WebLoader's state
-        self._repetitions = repetitions
-        self._limit = limit
-        self._passes = 0
-        self._count = 0  # items of the current pass
-        self._delivered = 0
-        self._current: Optional[Iterator[Any]] = None
-        self._last_stats: Optional[PipelineStats] = None
-        self._track = track or seek is not None  # keep the resume position of each item
-        self._position: Optional[List[Any]] = None
-        self._seek: Optional[Sequence[Any]] = None
-        self._resumed = resumed or seek is not None  # the first pass continues a saved one
-        # Passes the pipeline ran before this iteration: stages that count their own passes
-        # (no set_epoch) derive the epoch from it, so a resume in a new process catches up.
-        self.pass_base = pipeline._passes_started if pass_base is None else int(pass_base)
-        if seek is not None:  # resume by position: [pass, *source position]
-            self._passes, self._seek = int(seek[0]), seek[1:]
-            self._position = list(seek)
-            self._delivered = skip
-            self._skip = 0
-
-    def __iter__(self) -> "PipelineIterator":
-        return self
-
-    @property
-    def delivered(self) -> int:
-        """Items delivered so far, including those before the checkpoint on resume."""
-        return self._delivered + self._skip  # a replay not yet done still counts
-
-    @property
-    def position(self) -> Optional[List[Any]]:
-        """Where the last delivered item stands, as [pass, shard item, sample, byte offset]
-        (None when the pipeline cannot be resumed by position)."""
-        if self._track and self._tag is None and self._current is not None:
-            where = self._where()  # read when asked: nothing to do per item
-            if where is not None:
-                return where
-        return self._position
-
-    def __next__(self) -> Any:
-        while self._skip:  # resuming: replay the epoch deterministically up to the checkpoint
-            try:
-                self._next_item()
-            except StopIteration:
-                raise UsageError(
-                    f"the saved state says {self.delivered} items were delivered, but the epoch ends "
-                    f"after {self.delivered - self._skip}: it was saved from another dataset or pipeline"
-                ) from None
-            self._skip -= 1
-        if self._tag is None:
-            return self._next_item()
-        if self._tag < 0:
-            raise StopIteration
-        try:
-            item = self._next_item()
-        except StopIteration:
-            # Tell WebLoader this worker is done, so it never waits for more from it.
-            tag, self._tag = self._tag, -1
-            return Tagged(WORKER_END, tag, self._delivered + 1)
-        return Tagged(item, self._tag, self._delivered, self._position)
-
-    def _next_item(self) -> Any:
-        while True:
-            if self._limit is not None and self._delivered >= self._limit:
-                if self._resumed:  # resumed at its very end: the saved run had begun this pass
-                    self._resumed = False
-                    target = self.pass_base + self._passes + 1
-                    if target > self._pipeline._passes_started:
-                        self._pipeline._advance_passes(target - self._pipeline._passes_started)
-                        self._pipeline._passes_started = target
-                self.close()
-                raise StopIteration
-            if self._current is None:
-                if self._passes >= self._repetitions:
-                    raise StopIteration
-                seek, self._seek = self._seek, None
-                resumed, self._resumed = self._resumed, False
-                target = self.pass_base + self._passes
-                if resumed and target > self._pipeline._passes_started:
-                    self._pipeline._advance_passes(target - self._pipeline._passes_started)
-                self._pipeline._passes_started = target + 1
-                self._current = self._pipeline.iterator1(position=seek, track=self._track, resumed=resumed)
-                self._count = 1 if resumed else 0  # a resumed pass may have nothing left
-            try:
-                item = next(self._current)
-            except StopIteration:
-                empty = self._count == 0
-                self._end_pass()
-                self._passes += 1
-                if empty:
-                    self._passes = self._repetitions
-                continue
-            self._count += 1
-            self._delivered += 1
-            if self._tag is not None and self._track:  # the item leaves the process: note it now
-                self._position = self._where() or self._position
-            return item
-
-    def _where(self) -> Optional[List[Any]]:
-        where = getattr(self._current, "position", None)
-        return None if where is None else [self._passes, *where]
-
-    def _end_pass(self) -> None:
-        where = self._where() if self._track else None
-        if where is not None:
-            self._position = where
-        current, self._current = self._current, None
-        if isinstance(current, EngineIterator):
-            self._last_stats = current.stats()
-            self._pipeline._last_stats = self._last_stats
-        close = getattr(current, "close", None)
-        if close is not None:
-            close()
-
-    def stats(self) -> Optional[PipelineStats]:
-        """Stats of the pass under way (or the last one); None when not running on the engine."""
-        if isinstance(self._current, EngineIterator):
-            return self._current.stats()
-        return self._last_stats
-
-    def close(self) -> None:
-        """Stop the pass under way and release its threads and files."""
-        if self._current is not None:
-            self._end_pass()
-        self._passes = self._repetitions
-        # The pipeline keeps the progress: state_dict() after the loop is left still has it.
-        self._pipeline._progress = (self.delivered, self.position, self.pass_base)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
 
 class DataPipeline(IterableDataset, PipelineStage):
@@ -283,7 +111,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         return {
             "format": STATE_FORMAT, "fingerprint": fingerprint(self.pipeline),
             "epoch": self.epoch, "delivered": delivered, "position": position, "passes": passes,
-            "layout": self._layout(1), "split": self._split_history,
+            "layout": self.layout(1), "split": self._split_history,
         }
 
     def progress(self) -> Tuple[int, Any, int]:
@@ -308,9 +136,30 @@ class DataPipeline(IterableDataset, PipelineStage):
         in is entered at the byte offset of the next sample (local file, disk-cache hit or HTTP/S3
         Range request; a gzip shard is read from its start or its `.idx`). Otherwise the epoch is
         replayed and the items delivered before the checkpoint are skipped."""
-        own, history = choose_state(check_state(state, self.pipeline, "dataset"), self._layout(1))
-        self._load(own if own is not None else self._elastic(history))
+        self.resume_from(state, self.pipeline, "dataset", 1)
+
+    # --- what a loader above (WebLoader) asks of the dataset it wraps --------------------------
+
+    def resume_from(self, state: Any, described: Any, kind: str, num_workers: int) -> Dict[str, Any]:
+        """Check `state` (a state of `kind`, "dataset" or "loader", describing `described`), pick
+        this rank's part or rebuild one for this layout (elastic), and make the next iteration
+        continue it; warn when unseeded stages make the resume inexact. Returns the state loaded."""
+        own, history = choose_state(check_state(state, described, kind), self.layout(num_workers))
+        chosen = own if own is not None else self._elastic(history)
+        self._load(chosen)
         self._warn_unseeded()
+        return chosen
+
+    def tagged_copy(self) -> "DataPipeline":
+        """A copy whose items go out tagged with their DataLoader worker (WebLoader unwraps them
+        and keeps per-worker state); this pipeline keeps handing out plain items."""
+        result = copy.copy(self)
+        result._tag_outputs = True
+        return result
+
+    def forget_resume_point(self) -> None:
+        """The resume point has gone to the DataLoader workers (their copies): not again here."""
+        self._resume = None
 
     def _warn_unseeded(self) -> None:
         unseeded = unseeded_stages(self.pipeline)
@@ -321,7 +170,7 @@ class DataPipeline(IterableDataset, PipelineStage):
                 f"resuming a pipeline with an unseeded {' and '.join(unseeded)}: the resumed epoch does "
                 "not continue the saved one exactly (samples may repeat or be missed); seed it "
                 "(WebDataset(seed=...), WDS_SEED, shuffle(n, seed=...))",
-                stacklevel=3,
+                stacklevel=4,  # the caller of load_state_dict (via resume_from)
             )
 
     def _load(self, state: Dict[str, Any]) -> None:
@@ -330,7 +179,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._resume = dict(state)
         self._split_history = state.get("split")
 
-    def _layout(self, num_workers: int) -> Dict[str, Any]:
+    def layout(self, num_workers: int) -> Dict[str, Any]:
+        """Where this process stands (rank, world size, workers, how split_by_node splits), for states."""
         split = self._equal_split()
         rank, world, _worker, _workers = pytorch_worker_info(group=split.group if split is not None else None)
         layout: Dict[str, Any] = {"rank": rank, "world_size": world, "num_workers": num_workers}
@@ -472,7 +322,38 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._progress = None
         return it
 
-    def _follow(self, iterator: Any) -> Tuple[int, Any, int]:
+    # --- pass bookkeeping: what its iterators and loaders (PipelineIterator, SubprocessLoader)
+    # tell the pipeline, so that progress() and state_dict() describe the pass under way.
+
+    @property
+    def passes_started(self) -> int:
+        """Passes started in this process (stages that count their own passes derive the epoch from it)."""
+        return self._passes_started
+
+    def begin_pass(self, target: int, resumed: bool) -> None:
+        """Pass number `target` starts; a resumed one first lets the stages count the earlier passes."""
+        if resumed:
+            self.catch_up_passes(target)
+        self._passes_started = target + 1
+
+    def catch_up_passes(self, target: int) -> None:
+        """Let the stages count passes up to `target` (a resume that began later than this process)."""
+        if target > self._passes_started:
+            self.advance_passes(target - self._passes_started)
+            self._passes_started = target
+
+    def sync_passes(self, started: int) -> None:
+        """Another process ran the passes (SubprocessLoader's helper): take its count."""
+        self._passes_started = started
+
+    def note_stats(self, stats: Optional[PipelineStats]) -> None:
+        self._last_stats = stats
+
+    def note_progress(self, progress: Tuple[int, Any, int]) -> None:
+        """An iterator is done: (delivered, position, pass_base) stays for state_dict() after the loop."""
+        self._progress = progress
+
+    def follow(self, iterator: Any) -> Tuple[int, Any, int]:
         """A pass of a copy of this pipeline runs in another process (SubprocessLoader), and
         `iterator` reports its progress (`delivered`, `position`, `pass_base`) as a
         PipelineIterator does: do what __iter__ does here, bar running, so that progress() and
@@ -490,7 +371,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._last_iterator = weakref.ref(iterator)
         return start
 
-    def _advance_passes(self, passes: int) -> None:
+    def advance_passes(self, passes: int) -> None:
         """Resuming in pass `passes` of a with_epoch/repeat iteration: let the stages that
         count their own passes (detshuffle, seeded shuffles, the splitter, resampled shards)
         count the earlier ones, by starting each stage on no input that many times."""

@@ -65,7 +65,7 @@ def _report(pipeline: Any) -> Report:
     if pipeline is None:
         return None
     delivered, position, pass_base = pipeline.progress()
-    return delivered, position, pass_base, pipeline._passes_started
+    return delivered, position, pass_base, pipeline.passes_started
 
 
 def helper_main(conn: Any, recipe: bytes, options: HelperOptions) -> None:
@@ -98,10 +98,10 @@ class _Helper:
         try:
             source = pickle.loads(recipe)
             pipeline = pipeline_of(source)
-            if pipeline is not None and pipeline._passes_started:
+            if pipeline is not None and pipeline.passes_started:
                 # The parent's copy counted these passes; this fresh copy's stages catch up, as
                 # they would have in one process.
-                pipeline._advance_passes(pipeline._passes_started)
+                pipeline.advance_passes(pipeline.passes_started)
             items = iter(source)
             try:
                 self._send(("start", _report(pipeline)))

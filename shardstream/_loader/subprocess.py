@@ -263,7 +263,7 @@ class SubprocessIterator:
         self.pid = process.pid
         if pipeline is not None:
             # Until the helper reports: the progress a pass started here would have before its first item.
-            self._report = (*pipeline._follow(self), pipeline._passes_started)
+            self._report = (*pipeline.follow(self), pipeline.passes_started)
 
     def __iter__(self) -> "SubprocessIterator":
         return self
@@ -299,7 +299,7 @@ class SubprocessIterator:
     def _note(self, report: Report) -> None:
         self._report = report
         if report is not None and self._pipeline is not None:
-            self._pipeline._passes_started = report[3]
+            self._pipeline.sync_passes(report[3])
 
     def _wait_started(self) -> Report:
         """The report before the first item: wait for the helper to have started its pass."""
@@ -334,7 +334,7 @@ class SubprocessIterator:
         self._finalizer()
         if self._pipeline is not None and self._report is not None:
             # what PipelineIterator.close leaves behind: state_dict() after the loop still has it
-            self._pipeline._progress = tuple(self._report[:3])
+            self._pipeline.note_progress(tuple(self._report[:3]))
 
     def __del__(self) -> None:
         try:
