@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import List, Literal, Mapping, Optional, Sequence, Union
 
+from .urls import shard_name
+
 __all__ = ["SchedulerConfig", "Shard", "Slice", "shards_from_sizes"]
 
 
@@ -102,8 +104,7 @@ def shards_from_sizes(
     result = []
     for source, group in enumerate(groups):
         for i, url in enumerate(group):
-            name = url.rsplit("/", 1)[-1].split("?", 1)[0]
-            samples = sizes.get(url, sizes.get(name))
+            samples = sizes.get(url, sizes.get(shard_name(url)))
             if weights is None:
                 weight = 1.0
             elif nested:
