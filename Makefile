@@ -42,6 +42,7 @@ $(CLIP_STAMP): pyproject.toml
 	touch $(CLIP_STAMP)
 
 test: $(STAMP) $(CLIP_STAMP)
+	$(PY) -m mypy
 	OPENCLIP_PYTHON="$(abspath $(CLIP_PY))" $(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)

@@ -79,7 +79,7 @@ from .filters import (
     unlisted,
     xdecode,
 )
-from .gopen import gopen, gopen_schemes
+from .gopen import gopen, gopen_schemes  # type: ignore[no-redef]  # as in webdataset: the function shadows the module
 from .handlers import (
     ignore_and_continue,
     ignore_and_stop,

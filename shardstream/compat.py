@@ -279,17 +279,17 @@ class WebLoader(DataPipeline, FluidInterface):
         if subprocess and kw.get("num_workers", 0):
             raise UsageError("WebLoader(subprocess=True) runs the pipeline with threads in one helper process: "
                              "leave num_workers at 0")
-        args = list(args)
-        dataset = args[0] if args else kw.get("dataset")
+        positional = list(args)
+        dataset: Any = positional[0] if positional else kw.get("dataset")
         self._stateful = isinstance(dataset, DataPipeline) and kw.get("batch_size", 1) is None
         self._origin = dataset if self._stateful else None  # where the caller may set_epoch by hand
         if self._stateful:
             dataset = dataset.tagged_copy()  # the caller's dataset keeps handing out plain items
-            if args:
-                args[0] = dataset
+            if positional:
+                positional[0] = dataset
             else:
                 kw["dataset"] = dataset
-        self._dataset = dataset
+        self._dataset: Any = dataset
         self._consumed: Dict[int, int] = {}  # items handed out per worker, this epoch
         self._positions: Dict[int, Any] = {}  # resume position of each worker's last item
         self._pending: Optional[Dict[str, Any]] = None  # a loaded state the next epoch continues
@@ -297,7 +297,7 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_epoch = 0  # the epoch the next iteration gets unless set_epoch was called
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
-        loader = DataLoader(*args, **kw)
+        loader = DataLoader(*positional, **kw)
         if subprocess:
             loader = SubprocessLoader(loader, **(subprocess if isinstance(subprocess, dict) else {}))
         super().__init__(loader, self._untag)

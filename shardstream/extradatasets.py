@@ -41,7 +41,8 @@ class repeatedly(IterableDataset, PipelineStage):
     def invoke(self, source: Any) -> Iterator[Any]:
         return _repeat(source, nepochs=self.nepochs, nbatches=self.nbatches)
 
-    run = invoke
+    def run(self, src: Any) -> Iterator[Any]:
+        return self.invoke(src)
 
     def __iter__(self) -> Iterator[Any]:
         return self.invoke(self.source)
@@ -60,7 +61,7 @@ class with_epoch(IterableDataset):
         super().__init__()
         self.dataset = dataset
         self.length = length
-        self.source = None
+        self.source: Optional[Iterator[Any]] = None
 
     def __getstate__(self):
         result = dict(self.__dict__)

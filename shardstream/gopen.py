@@ -76,7 +76,7 @@ def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any)
 
 
 # Scheme -> opener(url, mode, bufsize, **kw). Users may register their own, as with webdataset.
-gopen_schemes: Dict[str, Callable[..., IO[bytes]]] = {"__default__": _default_handler}
+gopen_schemes: Dict[str, Callable[..., Any]] = {"__default__": _default_handler}
 for _scheme in os.environ.get("USE_AIS_FOR", "").split(":"):
     if _scheme:
         gopen_schemes[_scheme] = gopen_ais

@@ -230,7 +230,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         )
         if ordered and kind == "seek":
             return None
-        if ordered and kind == "count" and index == source + 1 and replayable(stages[index]):
+        if ordered and source is not None and kind == "count" and index == source + 1 and replayable(stages[index]):
             return functools.partial(replay_offsets, stages[index])
         raise UsageError(
             "resuming on another world size or worker count needs shards read in the splitter's order "

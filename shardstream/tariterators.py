@@ -117,7 +117,7 @@ def _tar_members(fileobj, start, stop, skip_meta, handler, select_files, rename_
     url = getattr(fileobj, "name", None)
     skip = None if skip_meta is None or skip_meta == META_PATTERN else re.compile(skip_meta)
     chunks = iter(lambda: fileobj.read(_READ_SIZE), b"")
-    members = iter_members(chunks, None if url is None else str(url))
+    members: Iterator[Any] = iter_members(chunks, None if url is None else str(url))
     if start or stop is not None:
         members = _in_range(members, start, stop)
     for fname, data, _offset in members:
@@ -197,7 +197,7 @@ def group_by_keys(
             if prefix is None:
                 continue
             if lcase:
-                suffix = suffix.lower()
+                suffix = suffix.lower()  # type: ignore[union-attr]  # as webdataset: a key function's None suffix fails here
             if (
                 current_sample is None
                 or prefix != current_sample["__key__"]
@@ -209,7 +209,7 @@ def group_by_keys(
             if suffix in current_sample:
                 raise ValueError(f"{fname}: duplicate file name in tar file {suffix} {current_sample.keys()}")
             if suffixes is None or suffix in suffixes:
-                current_sample[suffix] = value
+                current_sample[suffix] = value  # type: ignore[index]
             local_path = filesample.get("__local_path__")
             if local_path is not None:
                 current_sample["__local_path__"] = local_path

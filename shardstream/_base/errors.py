@@ -7,7 +7,7 @@ translated into this tree in one place per layer, at the boundary.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypeVar
 
 from .redact import redact, redact_url
 
@@ -22,6 +22,9 @@ __all__ = [
     "describe",
     "redact_url",
 ]
+
+_E = TypeVar("_E", bound="ShardStreamError")
+
 
 class ShardStreamError(Exception):
     """Base of every error shardstream raises on purpose.
@@ -57,8 +60,8 @@ class ShardStreamError(Exception):
         return f"{self.message} ({', '.join(where)})" if where else self.message
 
     def with_location(
-        self, *, url: Optional[str] = None, member: Optional[str] = None, offset: Optional[int] = None
-    ) -> "ShardStreamError":
+        self: _E, *, url: Optional[str] = None, member: Optional[str] = None, offset: Optional[int] = None
+    ) -> _E:
         """Fill in location fields that are still unknown and return self (for re-raising)."""
         if url is not None and self.url is None:
             self.url = redact_url(url)

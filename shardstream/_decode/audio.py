@@ -73,7 +73,7 @@ def decode_audio(data: bytes, options: AudioOptions = AudioOptions(), extension:
     if options.output == "torch":
         import torch
 
-        samples = torch.from_numpy(samples)
+        return torch.from_numpy(samples), rate
     return samples, rate
 
 

@@ -121,7 +121,7 @@ def _may_match(handler: Handler, key: str) -> bool:
     if handler is gzfilter:
         return key.endswith(".gz")
     if type(handler) in _OWN_HANDLERS:
-        return handler.accepts(key)
+        return handler.accepts(key)  # type: ignore[attr-defined]  # the classes in _OWN_HANDLERS have it
     return True
 
 

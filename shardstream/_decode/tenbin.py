@@ -17,7 +17,7 @@ Divergences from webdataset 1.0.2 (each only where webdataset fails or contradic
 from __future__ import annotations
 
 import struct
-from typing import Any, List, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def bytedata(a: Any) -> Any:
     if isinstance(a, (bytearray, bytes, memoryview)):
         return a
     if isinstance(a, np.ndarray):
-        return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        return np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
     if hasattr(a, "data"):
         return a.data
     raise ValueError(a, "cannot return bytedata")
@@ -149,7 +149,7 @@ def decode_header(h: Buffer) -> Tuple[tuple, np.dtype, str]:
     return tuple(int(d) for d in fields[3 : 3 + rank]), np.dtype(short_to_long[code]), unstr64(fields[1])
 
 
-def encode_list(arrays: Sequence[np.ndarray], infos: Sequence[str] = None) -> List[Buffer]:
+def encode_list(arrays: Sequence[np.ndarray], infos: Optional[Sequence[str]] = None) -> List[Buffer]:
     """Header and data chunks, alternating, for a list of arrays (infos cycle if shorter)."""
     if infos is None:
         infos = [""]
@@ -204,7 +204,7 @@ def decode_chunks(buf: Buffer) -> List[Buffer]:
     return chunks
 
 
-def encode_buffer(arrays: List[np.ndarray], infos: Sequence[str] = None) -> bytearray:
+def encode_buffer(arrays: List[np.ndarray], infos: Optional[Sequence[str]] = None) -> bytearray:
     """Encode a list of arrays into one tenbin buffer.
 
     Args:

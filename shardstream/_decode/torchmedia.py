@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, List
 
 import numpy as np
 
@@ -59,12 +59,14 @@ def read_video(data: bytes, extension: str = "") -> Any:
             audio = container.streams.audio[0] if container.streams.audio else None
             streams = [video] if audio is None else [video, audio]
             resampler = None if audio is None else av.AudioResampler(format="fltp")
-            frames, sounds = [], []
+            frames: List[Any] = []
+            sounds: List[Any] = []
             for packet in container.demux(streams):
                 for frame in packet.decode():
                     if packet.stream is video:
                         frames.append(frame.to_ndarray(format="rgb24"))
                     else:
+                        assert resampler is not None  # a packet of the audio stream
                         sounds.extend(out.to_ndarray() for out in resampler.resample(frame))
             if resampler is not None:
                 sounds.extend(out.to_ndarray() for out in resampler.resample(None))

@@ -144,6 +144,7 @@ def _resampled(frames: Iterator[Tuple[float, Any]], options: VideoOptions, start
                rate: float) -> List[Tuple[float, Any]]:
     # Ticks at the new rate from the window start (else the first frame); each tick gets the
     # frame on screen then: frame i shows from its time until frame i+1's.
+    assert options.fps is not None  # the fps mode
     step, limit = 1.0 / float(options.fps), options.frames
     chosen: List[Tuple[float, Any]] = []
     tick: Optional[float] = None
@@ -152,7 +153,7 @@ def _resampled(frames: Iterator[Tuple[float, Any]], options: VideoOptions, start
     def show_previous_until(stop: float) -> None:
         nonlocal tick
         while tick is not None and tick < stop and tick < end and (limit is None or len(chosen) < limit):
-            chosen.append((tick, previous[1]))
+            chosen.append((tick, previous[1]))  # type: ignore[index]  # a tick exists only after a frame
             tick += step
 
     for time, frame in frames:

@@ -278,6 +278,7 @@ class _Run:
         if self.closed:
             raise StopIteration
         channel = self.output
+        assert channel is not None  # set when the pass starts
         try:
             entry = channel.get()
             if entry is END:

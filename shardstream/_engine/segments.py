@@ -4,7 +4,7 @@ segment's sample stages on a pool thread (positions tracked beside the samples).
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .._stages.contract import DROP, SampleStage
 from .stats import StageStats
@@ -75,9 +75,11 @@ def run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats)
         kept = out.positions  # type: ignore[attr-defined]
         appended = out.append
 
-        def append(item: Any) -> None:  # keep each survivor's position beside it
+        def append_with_position(item: Any) -> None:  # keep each survivor's position beside it
             kept.append(positions[index] if item is not STOP else None)
             appended(item)
+
+        append: Callable[[Any], None] = append_with_position
     else:
         append = out.append
     failures = 0

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 __all__ = ["PipelineStats", "QueueStats", "StageStats"]
 
@@ -129,7 +129,7 @@ class PipelineStats:
         if not self.stages or self.wall_s <= 0:
             return "no data yet"
         consumer_busy = max(0.0, 1.0 - self.consumer_wait_s / self.wall_s)
-        busiest = max(self.stages, key=lambda s: s["utilisation"])
+        busiest: Dict[str, Any] = max(self.stages, key=lambda s: float(s["utilisation"]))
         if consumer_busy > 0.8 and consumer_busy > busiest["utilisation"]:
             return (
                 f"the consumer (training loop) limits throughput: it is busy {consumer_busy:.0%} of the time "

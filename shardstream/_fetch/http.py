@@ -12,7 +12,7 @@ import asyncio
 import re
 import time
 from email.utils import parsedate_to_datetime
-from typing import AsyncIterator, Callable, Optional, Tuple
+from typing import AsyncGenerator, Callable, Optional, Tuple
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -187,7 +187,7 @@ def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
 async def http_stream(
     url: str, *, options: FetchOptions, start: int = 0, stop: Optional[int] = None,
     on_size: Optional[Callable[[Optional[int]], None]] = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Yield the bytes of an http(s) URL from `start` (up to `stop`, exclusive, if given),
     retrying and resuming as `options` say.
 

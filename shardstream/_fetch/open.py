@@ -53,8 +53,11 @@ class _PipeReader:
 
     def __init__(self, url: str, cmd: str) -> None:
         self.url = url
-        self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, bufsize=CHUNK_SIZE)
-        self.stdout = self.proc.stdout
+        self.proc: Optional[subprocess.Popen[bytes]] = subprocess.Popen(
+            cmd, shell=True, stdout=subprocess.PIPE, bufsize=CHUNK_SIZE
+        )
+        assert self.proc.stdout is not None
+        self.stdout: IO[bytes] = self.proc.stdout
 
     def read(self, n: int = -1) -> bytes:
         return self.stdout.read(n)

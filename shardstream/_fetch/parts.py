@@ -31,7 +31,7 @@ import heapq
 import itertools
 import os
 import time
-from typing import Any, AsyncIterator, Callable, List, Optional, Tuple
+from typing import Any, AsyncGenerator, Callable, List, Optional, Tuple
 
 from .._base.errors import FetchError
 
@@ -196,7 +196,7 @@ class _Part:
     def size(self) -> int:
         return self.stop - self.start
 
-    async def run(self, url: str, options: Any, ranged: Callable[..., AsyncIterator[bytes]], budget: PartBudget) -> None:
+    async def run(self, url: str, options: Any, ranged: Callable[..., AsyncGenerator[bytes, None]], budget: PartBudget) -> None:
         try:
             await budget.acquire(self)
             started = time.perf_counter()
@@ -221,8 +221,8 @@ class _Part:
 
 
 async def parallel_stream(
-    url: str, options: Any, start: int, ranged: Callable[..., AsyncIterator[bytes]],
-) -> AsyncIterator[bytes]:
+    url: str, options: Any, start: int, ranged: Callable[..., AsyncGenerator[bytes, None]],
+) -> AsyncGenerator[bytes, None]:
     """The bytes of `url` from `start`, fetched as parts over up to options.parallel_parts
     connections at once under the process's part budget, yielded in order. The first part's
     response tells the object's size (its Content-Range): no extra request. One connection when

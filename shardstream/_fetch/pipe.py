@@ -42,17 +42,17 @@ class Pipe:
     def __init__(self, *args: Any, mode: Optional[str] = None, timeout: float = 7200.0,
                  ignore_errors: bool = False, ignore_status: Sequence[int] = (), **kw: Any) -> None:
         self.ignore_errors = ignore_errors
-        self.ignore_status = [0, *ignore_status]
+        self.ignore_status: Sequence[int] = [0, *ignore_status]
         self.timeout = timeout
         self.args = (args, kw)
         self.status: Optional[int] = None
         if not mode or mode[0] not in "rw":
             raise ValueError(f"{mode}: unknown mode")
         if mode[0] == "r":
-            self.proc = Popen(*args, stdout=PIPE, **kw)
+            self.proc = Popen(*args, stdout=PIPE, **kw)  # type: ignore[call-overload]  # webdataset's Popen pass-through
             self.stream = self.proc.stdout
         else:
-            self.proc = Popen(*args, stdin=PIPE, **kw)
+            self.proc = Popen(*args, stdin=PIPE, **kw)  # type: ignore[call-overload]
             self.stream = self.proc.stdin
         if self.stream is None:
             raise ValueError(f"{args}: couldn't open")
@@ -133,7 +133,7 @@ def set_options(obj: Any, timeout: Optional[float] = None, ignore_errors: Option
     if ignore_status is not None:
         obj.ignore_status = ignore_status
     if handler is not None:
-        obj.handler = handler
+        obj.handler = handler  # type: ignore[attr-defined]  # webdataset's set_options sets it too
     return True
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import threading
-from typing import Any, AsyncIterator, Callable, Dict, Optional, Union
+from typing import Any, AsyncGenerator, Callable, Dict, Optional, Union
 
 from .._base.errors import FetchError, ShardStreamError, UsageError
 from .open import open_url
@@ -20,7 +20,7 @@ from .parts import parallel_stream
 
 __all__ = ["Fetcher", "fetch_stream", "fetches_natively", "register_fetcher"]
 
-Fetcher = Callable[..., AsyncIterator[bytes]]  # (url, *, options, start=0) -> chunks
+Fetcher = Callable[..., AsyncGenerator[bytes, None]]  # (url, *, options, start=0) -> chunks
 
 
 # --- the scheme registry ------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def _fetcher_for(url: str) -> Fetcher:
     return entry
 
 
-def _chunks_for(url: str, options: FetchOptions, start: int) -> AsyncIterator[bytes]:
+def _chunks_for(url: str, options: FetchOptions, start: int) -> AsyncGenerator[bytes, None]:
     if options.parallel_parts > 1:
         entry = _entry_for(url)
         if isinstance(entry, str) and entry in _PARTED:
@@ -87,7 +87,7 @@ def _chunks_for(url: str, options: FetchOptions, start: int) -> AsyncIterator[by
     return _fetcher_for(url)(url, options=options, start=start)
 
 
-async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, start: int = 0) -> AsyncIterator[bytes]:
+async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, start: int = 0) -> AsyncGenerator[bytes, None]:
     """Yield the bytes of `url` from byte `start` on, in chunks, retrying as `options` say.
 
     Raises:
@@ -152,7 +152,7 @@ class _BlockingReader:
             self.file.close()
 
 
-async def _blocking_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncIterator[bytes]:
+async def _blocking_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncGenerator[bytes, None]:
     """Local files, pipe: and other fsspec URLs, read in the loop's default executor."""
     loop = asyncio.get_running_loop()
     reader = _BlockingReader(url, options.chunk_size, start)

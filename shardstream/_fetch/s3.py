@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, AsyncGenerator, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -383,6 +383,7 @@ class _ObjectReader:
         return chunk
 
     def _test_break(self, data: bytes) -> bytes:
+        assert self._break_after is not None
         if len(data) < self._break_after:
             self._break_after -= len(data)
             return data
@@ -400,7 +401,7 @@ class _ObjectReader:
         self._break_after = None
 
 
-async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncIterator[bytes]:
+async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncGenerator[bytes, None]:
     """Stream the object `s3://bucket/key` from byte `start` in chunks of `options.chunk_size`.
 
     Transient failures (connection errors, timeouts, throttling, 5xx) are retried up to

@@ -136,7 +136,7 @@ class _Helper:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
             payload: Optional[bytes] = pickle.dumps(exc)
-            pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+            pickle.loads(payload)  # type: ignore[arg-type]  # some exceptions pickle but cannot be rebuilt
         except Exception:
             payload = None
         try:

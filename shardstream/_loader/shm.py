@@ -190,6 +190,7 @@ def _take(name: str, size: int) -> Any:
     # No /dev/shm to map by path (macOS): one copy out of the segment.
     shm = SharedMemory(name)
     try:
+        assert shm.buf is not None
         return bytearray(shm.buf[:size])
     finally:
         shm.close()

@@ -101,8 +101,9 @@ class SchedulerState:
     epoch: int = 0
     world_size: int = 1
     num_workers: int = 1
-    delivered: Tuple[Tuple[int, ...], ...] = field(default=((0,),))
-    assigned: Optional[Tuple[Tuple[Range, ...], ...]] = None
+    # Lists are accepted (e.g. straight from JSON) and stored as tuples (see __post_init__).
+    delivered: Sequence[Sequence[int]] = field(default=((0,),))
+    assigned: Optional[Sequence[Sequence[Range]]] = None
     quota: Optional[int] = None
     generation: int = 0
     shards: Optional[int] = None

@@ -145,7 +145,7 @@ def resume_state(
         else:
             part = scheduler.part_ranges(origin, rank, world, worker, workers)
         length = ranges_length(part)
-        per_worker, positions = worker_view(by_rank[rank])
+        per_worker, positions = worker_view(dict(by_rank[rank]))
         position = positions.get(worker)
         if position is None:
             if per_worker.get(worker, 0):
@@ -195,7 +195,7 @@ class EqualSplit(PipelineStage):
         self, seed: int = 0, shuffle: bool = True, remainder: str = "drop", group: Any = None,
         counts: Optional[Mapping[str, int]] = None, count_shards: Optional[bool] = None,
     ) -> None:
-        self.config = SchedulerConfig(seed=int(seed), shuffle=shuffle, remainder=remainder)
+        self.config = SchedulerConfig(seed=int(seed), shuffle=shuffle, remainder=remainder)  # type: ignore[arg-type]  # checked there
         self.group = group
         self.epoch: Optional[int] = None
         self.passes = 0

@@ -57,7 +57,7 @@ def summarize(url: str, members: Iterable[TarMember]) -> ShardSummary:
         if is_meta(name):
             continue
         key, ext = base_plus_ext(name)
-        if key is None:
+        if key is None or ext is None:
             continue
         ext = ext.lower()
         summary.fields[ext] = summary.fields.get(ext, 0) + 1

@@ -80,10 +80,10 @@ def shard_samples(
                     key = name[:dot]
                     ext = name[dot + 1 :].lower()
                 else:
-                    key, ext = base_plus_ext(name)
-                    if key is None:
+                    base, extension = base_plus_ext(name)
+                    if base is None or extension is None:
                         continue
-                    ext = ext.lower()
+                    key, ext = base, extension.lower()
                 if key != current_key:
                     if current is not None:
                         if skip:
@@ -253,8 +253,8 @@ class TarShardSamples(PipelineStage):
         try:
             yield from samples
         finally:
-            samples.close()
-            batches.close()
+            samples.close()  # type: ignore[attr-defined]  # generators
+            batches.close()  # type: ignore[attr-defined]
 
     def _counts_samples(self) -> bool:
         """Whether this reader sees every sample a count counts (member filters may drop some)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 from .._base.errors import FormatError
 from .codecs import GzipInflater, sniff
@@ -90,7 +90,7 @@ class TarReader:
         self._inflater = GzipInflater() if compressed else None
         self._head = b""  # first bytes, held back while they may begin a codec's magic (see _codecs)
         self._fed = False
-        self._buf = b""  # bytes being parsed; _buf[_pos:] is not consumed yet
+        self._buf: Any = b""  # bytes (or a _BytesView) being parsed; _buf[_pos:] is not consumed yet
         self._pos = 0
         self._base = start_offset  # tar stream offset of _buf[0]
         self._queue: List[bytes] = []  # chunks held back until _need bytes are there

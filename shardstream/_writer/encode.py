@@ -110,7 +110,7 @@ def numpy_npz_dumps(data: Dict[str, np.ndarray]) -> bytes:
         assert isinstance(k, str)
         assert isinstance(v, np.ndarray)
     stream = io.BytesIO()
-    np.savez_compressed(stream, **data)
+    np.savez_compressed(stream, **data)  # type: ignore[arg-type]  # numpy's stub types **kwds as its flags
     return stream.getvalue()
 
 

@@ -116,7 +116,7 @@ class TarWriter:
         self.stream = fileobj
         extra = {} if tar_format is None else {"format": tar_format}
         try:
-            self.tarstream = tarfile.open(fileobj=fileobj, mode=tarmode, **extra)
+            self.tarstream = tarfile.open(fileobj=fileobj, mode=tarmode, **extra)  # type: ignore[call-overload]  # mode is checked above
         except BaseException:
             if self.own_fileobj is not None:
                 self.own_fileobj.close()
@@ -252,6 +252,7 @@ class ShardWriter:
             raise UsageError("ShardWriter.write() after close()")
         if self.tarstream is None or self.count >= self.maxcount or self.size >= self.maxsize:
             self.next_stream()
+        assert self.tarstream is not None  # next_stream opened one
         self.size += self.tarstream.write(obj)
         self.count += 1
         self.total += 1
