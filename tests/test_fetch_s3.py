@@ -21,10 +21,12 @@ from botocore.exceptions import (
     NoCredentialsError,
     ReadTimeoutError,
 )
+from faultproxy import FaultProxy
 from motoserver import free_port, moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
 
 from shardstream._fetch import options as _fetch
 from shardstream._fetch import s3 as _s3
+from shardstream._fetch import s3client as _s3client
 from shardstream._base.errors import (
     FetchError,
     FetchTimeout,
@@ -68,7 +70,7 @@ async def collect(url, options=Options(), start=0):
 async def recorded(operation: str, options=Options()) -> list:
     """Headers of every HTTP request the loop's client sends for `operation` (botocore event hook)."""
     sent: list = []
-    client = await _s3._client(options)
+    client = await _s3client.client_for(options)
     client.meta.events.register(
         f"before-send.s3.{operation}", lambda request, **_: sent.append(dict(request.headers))
     )
@@ -87,10 +89,13 @@ def bucket(s3_env, s3_admin):
     return name
 
 
-@pytest.fixture(autouse=True)
-def no_break_hook():
-    yield
-    _s3._test_break_bodies.clear()
+@pytest.fixture
+def proxy(s3_env, moto_endpoint, monkeypatch):
+    """The client talks to moto through a proxy that cuts object bodies short (proxy.breaks)."""
+    cutter = FaultProxy(moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", cutter.url)
+    yield cutter
+    cutter.close()
 
 
 def delta(before: dict) -> dict:
@@ -248,14 +253,14 @@ def test_retry_policy(code, status, calls):
 # ---- resume --------------------------------------------------------------------------------
 
 
-def test_resume_after_broken_body(bucket, s3_admin):
+def test_resume_after_broken_body(bucket, s3_admin, proxy):
     data = payload(1024 * KB + 17)
     put = s3_admin.put_object(Bucket=bucket, Key="r.tar", Body=data)
     url = f"s3://{bucket}/r.tar"
 
     async def body():
         sent = await recorded("GetObject")
-        _s3._test_break_bodies[:] = [100_000, 50]  # first body breaks at 100000, the next 50 later
+        proxy.breaks[:] = [100_000, 50]  # first body breaks at 100000, the next 50 later
         before, fetch_before = _s3.s3_stats.snapshot(), _fetch.fetch_stats().snapshot()
         chunks = await collect(url)
         fetch_after = _fetch.fetch_stats().snapshot()
@@ -270,13 +275,13 @@ def test_resume_after_broken_body(bucket, s3_admin):
     assert fetch_counts["resumes"] == 2 and fetch_counts["retries"] == 2  # reported to the fetch layer
 
 
-def test_resume_from_a_start_offset(bucket, s3_admin):
+def test_resume_from_a_start_offset(bucket, s3_admin, proxy):
     data = payload(300 * KB)
     s3_admin.put_object(Bucket=bucket, Key="r.tar", Body=data)
 
     async def body():
         sent = await recorded("GetObject")
-        _s3._test_break_bodies[:] = [10]
+        proxy.breaks[:] = [10]
         return await collect(f"s3://{bucket}/r.tar", start=1000), sent
 
     chunks, sent = run(body)
@@ -284,12 +289,12 @@ def test_resume_from_a_start_offset(bucket, s3_admin):
     assert [header(h, "Range") for h in sent] == ["bytes=1000-", "bytes=1010-"]
 
 
-def test_object_replaced_mid_stream_is_an_error(bucket, s3_admin):
+def test_object_replaced_mid_stream_is_an_error(bucket, s3_admin, proxy):
     s3_admin.put_object(Bucket=bucket, Key="c.tar", Body=payload(600 * KB))
     url = f"s3://{bucket}/c.tar"
 
     async def body():
-        _s3._test_break_bodies[:] = [Options.chunk_size + 5]
+        proxy.breaks[:] = [Options.chunk_size + 5]
         stream = _s3.s3_stream(url, options=Options())
         first = await stream.__anext__()
         s3_admin.put_object(Bucket=bucket, Key="c.tar", Body=payload(600 * KB))  # a new ETag
@@ -307,18 +312,18 @@ def test_object_replaced_mid_stream_is_an_error(bucket, s3_admin):
     assert url in str(error) and error.offset == Options.chunk_size + 5
 
 
-def test_retries_are_spent_on_a_body_that_keeps_breaking(bucket, s3_admin):
+def test_retries_are_spent_on_a_body_that_keeps_breaking(bucket, s3_admin, proxy):
     s3_admin.put_object(Bucket=bucket, Key="k.tar", Body=payload(300 * KB))
-    _s3._test_break_bodies[:] = [0] * 10  # every response breaks before its first byte
-    with pytest.raises(NetworkError, match="test hook") as info:
+    proxy.breaks[:] = [0] * 10  # every response breaks before its first byte
+    with pytest.raises(NetworkError, match="connection failed.*content length") as info:
         run(lambda: collect(f"s3://{bucket}/k.tar", Options(retries=2)))
     assert info.value.offset == 0
 
 
-def test_progress_between_breaks_refills_the_retry_budget(bucket, s3_admin):
+def test_progress_between_breaks_refills_the_retry_budget(bucket, s3_admin, proxy):
     data = payload(300 * KB)
     s3_admin.put_object(Bucket=bucket, Key="k.tar", Body=data)
-    _s3._test_break_bodies[:] = [40 * KB] * 6  # six breaks, each after some progress
+    proxy.breaks[:] = [40 * KB] * 6  # six breaks, each after some progress
     before = _s3.s3_stats.snapshot()
     assert b"".join(run(lambda: collect(f"s3://{bucket}/k.tar", Options(retries=1)))) == data
     assert delta(before)["resumes"] == 6
@@ -377,7 +382,7 @@ def test_one_client_per_loop_closed_with_the_loop(bucket, s3_admin, caplog):
     s3_admin.put_object(Bucket=bucket, Key="a", Body=b"abc")
 
     async def body():
-        first, second = await asyncio.gather(_s3._client(Options()), _s3._client(Options()))
+        first, second = await asyncio.gather(_s3client.client_for(Options()), _s3client.client_for(Options()))
         assert first is second
         assert b"".join(await collect(f"s3://{bucket}/a")) == b"abc"
         return asyncio.get_running_loop()
@@ -386,7 +391,7 @@ def test_one_client_per_loop_closed_with_the_loop(bucket, s3_admin, caplog):
         warnings.simplefilter("always")
         loop = run(body)
         gc.collect()
-    assert not any(key[0] is loop for key in _s3._clients)
+    assert not any(key[0] is loop for key in _s3client._clients)
     assert [w for w in caught if "nclosed" in str(w.message)] == []
     assert "nclosed" not in caplog.text  # aiohttp logs an unclosed session through the loop
 
@@ -400,9 +405,9 @@ def test_background_loop_thread_and_explicit_close(bucket, s3_admin):
     try:
         got = asyncio.run_coroutine_threadsafe(collect(f"s3://{bucket}/a"), loop).result(10)
         assert b"".join(got) == b"hello"
-        assert any(key[0] is loop for key in _s3._clients)
-        asyncio.run_coroutine_threadsafe(_s3.close_s3_clients(), loop).result(10)
-        assert not any(key[0] is loop for key in _s3._clients)
+        assert any(key[0] is loop for key in _s3client._clients)
+        asyncio.run_coroutine_threadsafe(_s3client.close_s3_clients(), loop).result(10)
+        assert not any(key[0] is loop for key in _s3client._clients)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -412,6 +417,7 @@ def test_background_loop_thread_and_explicit_close(bucket, s3_admin):
 FORK_SCRIPT = """
 import asyncio, os, sys, threading, time
 from shardstream._fetch import s3 as _s3
+from shardstream._fetch import s3client as _s3client
 from test_fetch_s3 import Options
 url = sys.argv[1]
 
@@ -424,11 +430,11 @@ first = asyncio.run_coroutine_threadsafe(get(), loop).result(10)
 t0 = time.monotonic()
 pid = os.fork()
 if pid == 0:  # the child streams on its own loop, then exits normally (atexit, finalisers)
-    assert asyncio.run(get()) == first and not _s3._clients and _s3._inherited
+    assert asyncio.run(get()) == first and not _s3client._clients and _s3client._inherited
     sys.exit(0)
 assert os.waitpid(pid, 0)[1] == 0
 assert asyncio.run_coroutine_threadsafe(get(), loop).result(10) == first
-asyncio.run_coroutine_threadsafe(_s3.close_s3_clients(), loop).result(10)
+asyncio.run_coroutine_threadsafe(_s3client.close_s3_clients(), loop).result(10)
 print(f"ok {time.monotonic() - t0:.2f}")
 """
 

@@ -9,8 +9,8 @@ itself: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFI
 ~/.aws files, AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, container
 and instance roles. When no credentials are found at all, requests go unsigned (public buckets).
 
-There is one client per event loop (and timeout pair), created on first use. It is closed by
-`close_s3_clients()`, by the task cancellation a loop gets at shutdown (as in `asyncio.run` and
+There is one client per event loop (and timeout pair), created on first use (`s3client`): closed
+by `close_s3_clients()`, by the task cancellation a loop gets at shutdown (as in `asyncio.run` and
 `shardstream._fetch.loop.shutdown_loop`), or at interpreter exit if its loop is still alive. A forked
 child sets the parent's clients aside untouched and makes its own.
 """
@@ -18,18 +18,12 @@ child sets the parent's clients aside untouched and makes its own.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import fnmatch
 import logging
-import os
 import re
-import threading
 from typing import Any, AsyncGenerator, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import aiohttp
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-from botocore import UNSIGNED
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -37,7 +31,6 @@ from botocore.exceptions import (
     HTTPClientError,
     IncompleteReadError,
     ReadTimeoutError,
-    ResponseStreamingError,
 )
 from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
@@ -47,12 +40,12 @@ from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
 from .options import FetchOptions, note_fetch
 from .retries import backoff_delay, log_retry
+from .s3client import client_for
 
-__all__ = ["S3Stats", "close_s3_clients", "s3_list", "s3_stats", "s3_stream"]
+__all__ = ["S3Stats", "s3_list", "s3_stats", "s3_stream"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_POOL_CONNECTIONS = 64  # botocore's default of 10 would cap the shards in flight per loop
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
@@ -63,9 +56,6 @@ _TRANSIENT_CODES = {
     "InternalError", "ServiceUnavailable", "500", "502", "503", "504",
 }
 
-# Test hook, off by default: byte counts after which successive GetObject bodies break with a
-# connection error (each response consumes one entry). Only tests set it.
-_test_break_bodies: List[int] = []
 
 
 class S3Stats(Counters):
@@ -143,144 +133,6 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
             await asyncio.sleep(delay)
 
 
-# ---- one client per (event loop, timeouts) --------------------------------------------------
-
-_ClientKey = Tuple[asyncio.AbstractEventLoop, Any, Any]
-_clients: Dict[_ClientKey, Tuple["asyncio.Task[None]", "asyncio.Future[Any]"]] = {}
-_clients_lock = threading.Lock()  # loops in several threads may share this module
-_atexit_registered = False
-# Clients inherited from the parent across fork, kept alive on purpose (see _after_fork_in_child).
-_inherited: List[Any] = []
-
-
-async def _client(options: Any) -> Any:
-    """The S3 client of the running loop for these timeouts, created on first use."""
-    global _atexit_registered
-    loop = asyncio.get_running_loop()
-    key = (loop, options.connect_timeout, options.stall_timeout)
-    with _clients_lock:
-        entry = _clients.get(key)
-        if entry is None:
-            for stale in [k for k in _clients if k[0].is_closed()]:  # loops closed without cleanup
-                del _clients[stale]
-            ready: asyncio.Future[Any] = loop.create_future()
-            task = loop.create_task(_hold_client(key, ready), name="shardstream-s3-client")
-            # If the loop is closed without cancelling this task, it is dropped without a word:
-            # nothing can be awaited then, and the sockets go with the loop (asyncio does the same
-            # for its own helper futures).
-            task._log_destroy_pending = False  # type: ignore[attr-defined]
-            entry = _clients[key] = (task, ready)
-            if not _atexit_registered:
-                atexit.register(_close_at_exit)
-                _atexit_registered = True
-    ready = entry[1]
-    if ready.done() and not ready.cancelled() and ready.exception() is None:
-        return ready.result()
-    return await asyncio.shield(ready)  # a cancelled caller must not cancel the shared future
-
-
-async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
-    """Create a client, hand it out through `ready`, and keep it open until this task is cancelled.
-
-    Living in a task ties the client's life to the loop: shutdown cancels every task (asyncio.run
-    does; so does `close_s3_clients`), and the cancellation closes its connections cleanly.
-    """
-    try:
-        session = get_session()
-        # Resolving credentials here (not on the first request) lets public buckets work unsigned.
-        anonymous = await session.get_credentials() is None
-        config = AioConfig(
-            connect_timeout=key[1],
-            read_timeout=key[2],  # aiohttp's sock_read: the longest silence between reads, a stall
-            retries={"total_max_attempts": 1},  # we retry (and resume) ourselves
-            max_pool_connections=_MAX_POOL_CONNECTIONS,
-            # Whole-object checksums cannot cover a resumed stream; length + ETag checks do.
-            response_checksum_validation="when_required",
-            signature_version=UNSIGNED if anonymous else None,
-        )
-        context = session.create_client("s3", config=config)
-        client = await context.__aenter__()
-    except asyncio.CancelledError:
-        _forget(key, ready)
-        ready.cancel()
-        raise
-    except Exception as exc:  # handed to the callers waiting on `ready`, not lost in the task
-        _forget(key, ready)
-        ready.set_exception(exc)
-        return
-    ready.set_result(client)
-    try:
-        await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        # Only a cancellation closes the client. A task destroyed with its loop already closed
-        # gets GeneratorExit instead, and must not await anything.
-        _forget(key, ready)
-        try:
-            await context.__aexit__(None, None, None)
-        except Exception as exc:
-            logger.debug("closing the S3 client failed: %r", exc)
-        raise
-
-
-def _forget(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
-    with _clients_lock:
-        if _clients.get(key, (None, ready))[1] is ready:
-            _clients.pop(key, None)
-
-
-async def close_s3_clients() -> None:
-    """Close the running loop's S3 clients; the loop's owner awaits this before stopping it."""
-    loop = asyncio.get_running_loop()
-    with _clients_lock:
-        tasks = [task for (owner, *_), (task, _) in _clients.items() if owner is loop]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _close_at_exit() -> None:
-    """Last resort at interpreter exit: close clients whose loops are still alive."""
-    with _clients_lock:
-        loops = {key[0] for key in _clients}
-    for loop in loops:
-        try:
-            if loop.is_closed():
-                continue
-            if loop.is_running():
-                asyncio.run_coroutine_threadsafe(close_s3_clients(), loop).result(timeout=5)
-            else:
-                loop.run_until_complete(close_s3_clients())
-        except Exception as exc:  # exit must go on
-            logger.debug("closing S3 clients at exit failed: %r", exc)
-
-
-def _after_fork_in_child() -> None:
-    """Set the parent's clients aside in a forked child, never to be closed or finalised there.
-
-    Their sockets and epoll set are shared with the parent: closing them here, or letting aiohttp's
-    finalisers do it, would unregister the parent's sockets. The child makes its own clients on
-    its own loop. (Best effort on aiobotocore internals, as shardstream._fetch.loop does for its own.)
-    """
-    global _clients_lock
-    _clients_lock = threading.Lock()  # another thread may have held it at fork time
-    for task, ready in _clients.values():
-        _inherited.append((task, ready))
-        if not ready.done() or ready.cancelled() or ready.exception() is not None:
-            continue
-        http = getattr(getattr(ready.result(), "_endpoint", None), "http_session", None)
-        for session in list((getattr(http, "_sessions", None) or {}).values()):
-            connector = session.connector
-            session.detach()  # marks it closed without I/O, so its finaliser stays quiet
-            if connector is not None and hasattr(connector, "_closed"):
-                connector._closed = True
-            _inherited.append((session, connector))
-    _clients.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 # ---- streaming ------------------------------------------------------------------------------
 
 
@@ -309,7 +161,6 @@ class _ObjectReader:
         self._body: Any = None
         self._parts: List[bytes] = []  # received, not yet handed out (kept across a resume)
         self._have = 0
-        self._break_after: Optional[int] = None  # test hook, see _test_break_bodies
 
     async def _open(self) -> None:
         request: Dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
@@ -344,8 +195,6 @@ class _ObjectReader:
         elif size != self._size or (etag and self._etag and etag != self._etag):
             raise FetchError(f"S3 object changed while it was read (size {self._size} -> {size}, "
                              f"ETag {self._etag} -> {etag})", url=self._url, offset=self.received)
-        if _test_break_bodies:
-            self._break_after = _test_break_bodies.pop(0)
 
     async def _check_start_at_end(self) -> None:
         """A 416 for the first request: an empty stream if `start` is exactly the object's size."""
@@ -367,8 +216,6 @@ class _ObjectReader:
                 if not data:
                     raise NetworkError(f"S3 body ended early ({self._size} bytes expected)",
                                        url=self._url, offset=self.received)
-                if self._break_after is not None:
-                    data = self._test_break(data)
                 self._parts.append(data)
                 self._have += len(data)
                 self.received += len(data)
@@ -381,17 +228,6 @@ class _ObjectReader:
         self._parts, self._have = [], 0
         s3_stats.add(bytes=len(chunk))
         return chunk
-
-    def _test_break(self, data: bytes) -> bytes:
-        assert self._break_after is not None
-        if len(data) < self._break_after:
-            self._break_after -= len(data)
-            return data
-        kept, self._break_after = data[: self._break_after], None
-        self._parts.append(kept)
-        self._have += len(kept)
-        self.received += len(kept)
-        raise ResponseStreamingError(error=aiohttp.ServerDisconnectedError("test hook: body broken"))
 
     def close(self) -> None:
         """Drop the current response; a half-read connection cannot go back to the pool."""
@@ -419,7 +255,7 @@ async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> Async
     _split(url)  # a malformed URL is a usage error, before any client is made
     if start < 0:
         raise UsageError(f"negative start {start}", url=url)
-    client = await _retrying(lambda: _client(options), url=url, options=options, offset=lambda: start)
+    client = await _retrying(lambda: client_for(options), url=url, options=options, offset=lambda: start)
     reader = _ObjectReader(client, url, start, max(1, options.chunk_size))
     try:
         while True:
@@ -462,7 +298,7 @@ async def s3_list(url: str, *, options: Optional[FetchOptions] = None, page_size
             request["Delimiter"] = "/"  # only one level can match: do not list the subtrees
     else:
         request["Prefix"] = pattern if not pattern or pattern.endswith("/") else pattern + "/"
-    client = await _retrying(lambda: _client(options), url=url, options=options)
+    client = await _retrying(lambda: client_for(options), url=url, options=options)
 
     async def list_page() -> Dict[str, Any]:
         s3_stats.add(requests=1)
