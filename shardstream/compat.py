@@ -1,4 +1,9 @@
-"""webdataset's `compat` module: WebDataset, the fluid interface, WebLoader."""
+"""webdataset's `compat` module: WebDataset, the fluid interface, WebLoader.
+
+Why this module is over 400 lines: it holds the three classes webdataset's `compat` defines, as
+old code imports them from here; WebLoader's per-worker resume bookkeeping is most of the length
+and belongs to that class alone.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""webdataset's `DataPipeline`: a list of stages, run on the engine (or as nested generators)."""
+"""webdataset's `DataPipeline`: a list of stages, run on the engine (or as nested generators).
+
+Why this module is over 400 lines: it is one class, webdataset's surface, and the state that
+class keeps (epoch, resume point, pass bookkeeping) is read by its own methods only; the passes
+themselves run in `_engine/passes.py`, resume arithmetic lives in `_resume/`.
+"""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from .._tar.reader import header_checksum_ok
+from .._tar.headers import header_checksum_ok
 
 __all__ = ["check_tar_format", "get_filetype", "magic_filetype"]
 

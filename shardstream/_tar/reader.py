@@ -10,16 +10,20 @@ quietly ending the archive. (Header fields it has no use for, such as mode or mt
 It does no I/O: callers read bytes however they like and feed chunks of any size, and chunk
 boundaries never change the result: every member before a format error is returned first, and
 the error is raised by the call after that (or at once, if that call returns nothing).
+
+Why this module is over 400 lines: `TarReader` is one state machine (header, extension, payload,
+padding, end of archive, tail scan) whose states share its buffer and offsets; split across
+modules, each part would need the others' private state. Header field parsing is in `headers.py`.
 """
 
 from __future__ import annotations
 
-import struct
 import zlib
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 from .._base.errors import FormatError
 from .codecs import GzipInflater, sniff
+from .headers import changes_member, header_checksum_ok, number_field, pax_records, text_field
 
 __all__ = ["TAIL_SCAN", "TarMember", "TarReader"]
 
@@ -351,9 +355,9 @@ class TarReader:
                 return pos + BLOCK
             raise self._fail("bad tar header checksum (corrupt, or not a tar archive)", offset=offset)
         typ = hdr[156:157]
-        name = _text(hdr[:100])
+        name = text_field(hdr[:100])
         try:
-            size = _number(hdr[124:136])
+            size = number_field(hdr[124:136])
         except ValueError:
             raise self._fail("invalid size field in tar header", name, offset) from None
         if typ == b"\0" and name.endswith("/"):
@@ -361,7 +365,7 @@ class TarReader:
         if typ == b"5":
             name = name.rstrip("/")
         if hdr[345] and typ not in _GNU_TYPES:
-            name = _text(hdr[345:500]) + "/" + name
+            name = text_field(hdr[345:500]) + "/" + name
         ext = self._ext
 
         if typ in _EXTENSIONS:
@@ -374,18 +378,18 @@ class TarReader:
             if self._dangling is None:
                 self._dangling = offset
             try:
-                records = _pax_records(payload) if typ in (b"x", b"X", b"g") else {}
+                records = pax_records(payload) if typ in (b"x", b"X", b"g") else {}
             except ValueError:
                 raise self._fail("invalid PAX header record", name, offset) from None
             if typ == b"g":
                 self._global.update(records)
-                self._global_applies = any(_changes_member(key) for key in self._global)
+                self._global_applies = any(changes_member(key) for key in self._global)
                 return stop
             if ext is None:
                 ext = self._ext = _Extension(offset)
             if typ == b"L":
                 if ext.name is None:
-                    ext.name = _text(payload)
+                    ext.name = text_field(payload)
             elif typ != b"K":  # PAX: its records over the global ones in effect now
                 glob = self._global
                 if ext.name is None:
@@ -478,55 +482,3 @@ class _BytesView:
         if self._read_range is not None and stop - start >= _BIG:
             return self._read_range(start, stop)
         return self._view[index].tobytes()
-
-
-def _changes_member(pax_key: str) -> bool:
-    return pax_key in ("path", "size") or pax_key.startswith("GNU.sparse.")
-
-
-def _text(field: bytes) -> str:
-    """A NUL-terminated string field, decoded like tarfile does on Linux."""
-    return field.partition(b"\0")[0].decode("utf-8", "surrogateescape")
-
-
-def _number(field: bytes) -> int:
-    """A numeric field, exactly as tarfile.nti reads it; ValueError if it is not a number."""
-    if field[0] in (0o200, 0o377):  # GNU base-256 for values that do not fit in octal
-        n = int.from_bytes(field[1:], "big")
-        return n - 256 ** (len(field) - 1) if field[0] == 0o377 else n
-    return int(field.partition(b"\0")[0].decode("ascii").strip() or "0", 8)
-
-
-def header_checksum_ok(hdr: bytes) -> bool:
-    """Exact header checksum check, unsigned or signed bytes (old tars used signed char)."""
-    field = hdr[148:156]
-    try:
-        stored = _number(field)
-    except ValueError:
-        return False
-    # adler32's low 16 bits are (1 + byte sum) mod 65521: exact for up to 65520 // 255 bytes of
-    # any value, so sum each 256-byte half separately.
-    total = (zlib.adler32(hdr[:256]) & 0xFFFF) + (zlib.adler32(hdr[256:]) & 0xFFFF) - 2
-    if stored == total - sum(field) + 256:
-        return True
-    return stored == 256 + sum(struct.unpack_from("148b8x356b", hdr))
-
-
-def _pax_records(payload: bytes) -> dict:
-    """Parse "%d %s=%s\\n" PAX records the way tarfile does (stop at the first malformed one)."""
-    records = {}
-    pos = 0
-    while True:
-        space = payload.find(b" ", pos)
-        if space <= pos or not payload[pos:space].isdigit():
-            break
-        equals = payload.find(b"=", space + 1)
-        if equals <= space + 1:
-            break
-        length = int(payload[pos:space])
-        if length == 0:
-            raise ValueError("zero-length PAX record")
-        keyword = payload[space + 1 : equals].decode("utf-8", "surrogateescape")
-        records[keyword] = payload[equals + 1 : pos + length - 1].decode("utf-8", "surrogateescape")
-        pos += length
-    return records
