@@ -4,8 +4,12 @@ in the same order, for each pipeline shape."""
 
 from __future__ import annotations
 
+import inspect
+import io
 import json
 import os
+import pkgutil
+import importlib
 import warnings
 
 import pytest
@@ -77,6 +81,10 @@ STAGES = {
     "random_mix": lambda s: wds.DataPipeline(
         wds.RandomMix([keyed(wds.WebDataset(s[:3], shardshuffle=False)), keyed(wds.WebDataset(s[3:], shardshuffle=False))], [0.3, 0.7], longest=True, seed=4)
     ),
+    "clean_cut_filters": lambda s: wds.DataPipeline(
+        wds.SimpleShardList(s), wds.tarfile_to_samples(), wds.filters.info(n=0, stream=io.StringIO()),
+        wds.filters.log_keys(os.devnull), wds.filters.xdecode(must_decode=False), wds.to_tuple("__key__", "__url__"),
+    ),
     "round_robin": lambda s: wds.DataPipeline(
         wds.RoundRobin([keyed(wds.WebDataset(s[:3], shardshuffle=False)), keyed(wds.WebDataset(s[3:], shardshuffle=False))], longest=True)
     ),
@@ -84,7 +92,7 @@ STAGES = {
 
 
 # Resumed by position (seek), not by replaying the epoch: a shard reader followed by clean cuts.
-SEEKABLE = {"source", "custom_clean_stage", "decode_map", "shard_shuffle", "detshuffle", "partial_batches", "equal_split_rank1"}
+SEEKABLE = {"source", "custom_clean_stage", "clean_cut_filters", "decode_map", "shard_shuffle", "detshuffle", "partial_batches", "equal_split_rank1"}
 
 
 @pytest.mark.parametrize("name", sorted(STAGES))
@@ -749,3 +757,55 @@ def test_fewer_samples_per_rank_than_workers(monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "8")
     with pytest.raises(ValueError, match="fewer than the 8 ranks"):
         list(wds.WebDataset([shard], shardshuffle=False, nodesplitter=wds.split_by_node))
+
+
+# Every implementation of the stage-state contract (shardstream/_stages/resumable.py: classes and
+# functions declaring resume traits, classes with state_dict/load_state_dict) -> the harness runs
+# that prove it resumes exactly. A new implementation fails this test until it has one.
+HARNESS = {
+    "DataPipeline": [f"test_resume_direct[{name}]" for name in STAGES],
+    "WebLoader": ["test_resume_webloader", "test_resume_webloader_subprocess"],
+    "SubprocessLoader": ["test_resume_subprocess"],
+    "DevicePrefetcher": ["test_resume_device_prefetcher"],
+    "ShardScheduler": ["test_resume_direct[equal_split_rank1]", "test_elastic_resume_finishes_the_epoch"],
+    "TarShardSamples": ["test_resume_direct[source]"],
+    "SampleStage": ["test_resume_direct[decode_map]"],
+    "SeededShuffle": ["test_resume_direct[seeded_sample_shuffle]"],
+    "detshuffle": ["test_resume_direct[detshuffle]"],
+    "RandomMix": ["test_resume_direct[random_mix]"],
+    "ResampledShards": ["test_resampled_with_a_seed_is_reproducible_and_resumable"],
+    "_batched": ["test_resume_direct[partial_batches]"],
+    "_info": ["test_resume_direct[clean_cut_filters]"],
+    "_log_keys": ["test_resume_direct[clean_cut_filters]"],
+    "_xdecode": ["test_resume_direct[clean_cut_filters]"],
+    "check_empty": ["test_resume_direct[source]"],
+}
+
+
+def _implementations():
+    found = set()
+    for info in pkgutil.walk_packages(wds.__path__, "shardstream."):
+        if info.name.startswith(("shardstream._prep", "shardstream._cli")):
+            continue
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if getattr(obj, "__module__", None) != module.__name__ or obj is wds._stages.resumable.Stateful:
+                continue
+            if inspect.isclass(obj):
+                if "resume_traits" in vars(obj) or {"state_dict", "load_state_dict"} <= set(vars(obj)):
+                    found.add(obj.__qualname__)
+            elif callable(obj) and getattr(obj, "resume_traits", None) is not None:
+                found.add(obj.__qualname__)
+    return found
+
+
+def test_the_harness_covers_every_implementation_of_the_state_contract():
+    found = _implementations()
+    assert found - set(HARNESS) == set(), "add a resume harness case for these and list it in HARNESS"
+    assert set(HARNESS) - found == set(), "HARNESS names what is no longer an implementation"
+    tests = {name for name, obj in globals().items() if name.startswith("test_") and callable(obj)}
+    for cases in HARNESS.values():
+        for case in cases:
+            name, _, param = case.partition("[")
+            assert name in tests, case
+            assert not param or param.rstrip("]") in STAGES, case
