@@ -8,7 +8,8 @@ with less work per image:
 - JPEGs are decoded at 1/2, 1/4 or 1/8 size by the decoder's DCT scaling (Pillow `draft`, or
   simplejpeg where asked for) when the crop still covers the target at that size;
 - the crop and the resize are one resampling pass over the crop box (never a full-size resize
-  followed by a crop), with Pillow's reducing gap for large factors.
+  followed by a crop), with Pillow's reducing gap for large factors; or, with resizer="torch",
+  torch's antialiased uint8 kernels (a SIMD port of Pillow's), on the same sampling grid.
 
 The pixels differ from the plain path within a small tolerance (the README gives the measured
 figures; tests/test_fusedimage.py bounds them). The plain `.decode("rgb8")` path is unchanged.
@@ -32,6 +33,9 @@ CROPS = ("center", "random", None)
 Box = Tuple[float, float, float, float]
 _RESAMPLE = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 _BACKENDS = ("pillow", "simplejpeg")
+_RESIZERS = ("pillow", "torch")
+_TORCH_MODES = {2: ("bilinear", 1.0), 3: ("bicubic", 2.0)}  # Pillow filter: torch mode, support
+_JPEG_SOI = b"\xff\xd8\xff"
 # Converting after the resize gives the same pixels as before it (and is cheaper) for these.
 _CONVERT_AFTER = {("L", "RGB"), ("L", "RGBA"), ("RGB", "RGBA"), ("L", "L"), ("RGB", "RGB")}
 
@@ -94,6 +98,14 @@ def _simplejpeg():
     return simplejpeg
 
 
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 class FusedImageHandler(FieldHandler):
     """Decode, crop and resize images to a fixed size in one step (see the module docstring).
 
@@ -108,8 +120,11 @@ class FusedImageHandler(FieldHandler):
         scale, ratio: random crop: area fraction and aspect ratio ranges (torchvision's).
         resample: Pillow filter name ("bilinear", as torchvision) or number.
         reducing_gap: Pillow's reducing gap (None: resample from full resolution).
-        backend: "pillow", or "simplejpeg" (where installed: YCbCr and gray JPEGs; anything
-            else falls back to Pillow).
+        backend: the decoder: "pillow", or "simplejpeg" (where installed: YCbCr and gray
+            JPEGs; anything else falls back to Pillow).
+        resizer: "pillow", or "torch" (where installed: torch's antialiased uint8 bilinear or
+            bicubic resampling of RGB and gray images, no reducing gap; RGBA results, whose
+            alpha Pillow premultiplies, stay with Pillow).
         seed: seed of this handler's own random generator for crop="random"; None uses the
             `random` module (which DataLoader reseeds in each worker).
 
@@ -130,6 +145,7 @@ class FusedImageHandler(FieldHandler):
         resample: Union[str, int] = "bilinear",
         reducing_gap: Optional[float] = 3.0,
         backend: str = "pillow",
+        resizer: str = "pillow",
         seed: Optional[int] = None,
     ) -> None:
         if imagespec not in imagespecs:
@@ -158,14 +174,23 @@ class FusedImageHandler(FieldHandler):
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if backend == "simplejpeg" and _simplejpeg() is None:
             raise ValueError("backend='simplejpeg' needs simplejpeg: pip install simplejpeg")
+        if resizer not in _RESIZERS:
+            raise ValueError(f"resizer must be one of {_RESIZERS}, got {resizer!r}")
+        if resizer == "torch":
+            if resample not in _TORCH_MODES:
+                raise ValueError("resizer='torch' resamples with 'bilinear' or 'bicubic' only")
+            if _torch() is None:
+                raise ValueError("resizer='torch' needs torch: pip install torch")
         self.imagespec = imagespec
         self.extensions = set(extensions)
         self.size, self.crop, self.crop_fraction = size, crop, crop_fraction
-        self.scale, self.ratio = tuple(scale), tuple(ratio)
+        self.scale: Tuple[float, float] = (scale[0], scale[1])
+        self.ratio: Tuple[float, float] = (ratio[0], ratio[1])
         self.resample, self.reducing_gap, self.backend, self.seed = resample, reducing_gap, backend, seed
+        self.resizer = resizer
         self._rng: Any = random if seed is None else random.Random(seed)
         self._lock = threading.Lock()
-        self._jpeg = _simplejpeg() if backend == "simplejpeg" else None
+        self._jpeg: Any = _simplejpeg() if backend == "simplejpeg" else None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -199,24 +224,34 @@ class FusedImageHandler(FieldHandler):
         """Decode, crop and resize image bytes regardless of extension."""
         atype, etype, mode = imagespecs[self.imagespec]
         target = mode.upper()
-        image = None
-        if self._jpeg is not None and data[:3] == b"\xff\xd8\xff":
-            image = self._decode_simplejpeg(data, target)
-        if image is None:
-            image = self._decode_pillow(data, target)
+        decoded = None
+        if self._jpeg is not None and data[:3] == _JPEG_SOI:
+            decoded = self._decode_simplejpeg(data, target)
+        if decoded is None:
+            decoded = self._decode_pillow(data, target)
+        image = self._resample(*decoded, target)
+        if isinstance(image, np.ndarray):
+            return _pil().fromarray(image) if atype == "pil" else _to_array(image, atype, etype)
         if image.mode != target:
             image = image.convert(target)
         if atype == "pil":
             return image
         return _to_array(np.asarray(image), atype, etype)
 
-    def _resize(self, image: Any, box: Box, factor: float, out: Tuple[int, int], target: str) -> Any:
-        if (image.mode, target) not in _CONVERT_AFTER:
-            image = image.convert(target)  # as the plain path does: convert, then resize
+    def _resample(self, source: Any, box: Box, factor: float, out: Tuple[int, int], target: str) -> Any:
+        """The box of `source` (a PIL image or an HWC array, decoded at `factor`) at size `out`."""
         box = (box[0] * factor, box[1] * factor, box[2] * factor, box[3] * factor)
-        return image.resize(out, self.resample, box=box, reducing_gap=self.reducing_gap)
+        if self.resizer == "torch" and target in ("RGB", "L"):
+            if not isinstance(source, np.ndarray):  # torch wants writable memory: np.array copies
+                source = np.array(source if source.mode == target else source.convert(target))
+            return _resize_torch(source, box, out, self.resample, grid=self.crop != "random")
+        if isinstance(source, np.ndarray):
+            source = _pil().fromarray(source[:, :, 0] if source.shape[2] == 1 else source)
+        if (source.mode, target) not in _CONVERT_AFTER:
+            source = source.convert(target)  # as the plain path does: convert, then resize
+        return source.resize(out, self.resample, box=box, reducing_gap=self.reducing_gap)
 
-    def _decode_pillow(self, data: bytes, target: str) -> Any:
+    def _decode_pillow(self, data: bytes, target: str) -> Tuple[Any, Box, float, Tuple[int, int]]:
         with io.BytesIO(data) as stream:
             image = _pil().open(stream)
             width, height = image.size
@@ -229,9 +264,9 @@ class FusedImageHandler(FieldHandler):
                 if drafted is not None:
                     reduction = round(width / drafted[1][2])  # draft's box: the size over its scale
             image.load()
-        return self._resize(image, box, 1.0 / reduction, out, target)
+        return image, box, 1.0 / reduction, out
 
-    def _decode_simplejpeg(self, data: bytes, target: str) -> Optional[Any]:
+    def _decode_simplejpeg(self, data: bytes, target: str) -> Optional[Tuple[Any, Box, float, Tuple[int, int]]]:
         jpeg = self._jpeg
         try:
             height, width, colorspace, _ = jpeg.decode_jpeg_header(data)
@@ -247,14 +282,11 @@ class FusedImageHandler(FieldHandler):
                                       min_height=-(-height // reduction), min_width=-(-width // reduction))
         except ValueError:
             return None  # truncated or corrupt: Pillow raises (or decodes it) as the plain path does
-        if pixels.shape[2] == 1:
-            pixels = pixels[:, :, 0]
-        image = _pil().fromarray(pixels)
-        return self._resize(image, box, _jpeg_factor(width, pixels.shape[1]), out, target)
+        return pixels, box, _jpeg_factor(width, pixels.shape[1]), out
 
     def __repr__(self) -> str:
         return (f"imagehandler({self.imagespec!r}, size={self.size!r}, crop={self.crop!r}, "
-                f"backend={self.backend!r})")
+                f"backend={self.backend!r}, resizer={self.resizer!r})")
 
 
 def _reduction(box: Box, out: Tuple[int, int]) -> int:
@@ -272,3 +304,70 @@ def _jpeg_factor(original: int, decoded: int) -> float:
         if math.ceil(original * m / 8) == decoded:
             return m / 8
     return decoded / original
+
+
+def _torch_axis(start: float, end: float, out: int, size: int, support: float,
+                grid: bool) -> Tuple[int, int, int, float]:
+    """One axis of a box resize as torch can do it: (first, last) source pixel to crop, the
+    first output pixel to keep, and the scale (source pixels per output pixel).
+
+    Pillow samples output pixel i of a box resize at start + (i + 0.5) * scale; torch samples
+    at crop start + (i + 0.5) * scale, so the crop must start on that grid. With `grid` (a
+    center crop: Resize, then CenterCrop) the box lies on the grid of a whole-image resize: it
+    is resized from pixel 0 with its neighbours, then cut out (k output pixels skipped).
+    Otherwise (random crops: RandomResizedCrop's order) the box is cut out, then resized; a box
+    off whole pixels (scaled by DCT decoding) has its edges moved to the nearest whole pixel,
+    under half a pixel.
+    """
+    scale = (end - start) / out
+    skip = round(start / scale)
+    if grid and abs(start - skip * scale) < 1e-6:
+        if _whole(size / scale):
+            return 0, size, skip, scale  # exactly Resize's grid: torch computes that scale itself
+        last = min(size, math.ceil(end + support * max(scale, 1.0)) + 1)  # all the filter reads
+        return 0, last, skip, scale
+    first, last = min(round(start), size - 1), min(size, round(end))
+    return first, max(last, first + 1), 0, (max(last, first + 1) - first) / out
+
+
+def _whole(value: float) -> bool:
+    return abs(value - round(value)) < 1e-6
+
+
+def _torch_factor(length: int, wanted: int, scale: float) -> float:
+    """The scale factor that samples every `scale` pixels and yields at least `wanted` pixels
+    (torch's output length is floor(length * factor); the crop is long enough, so at most a
+    rounding error is to be made up)."""
+    factor = max(1.0 / scale, wanted / length)
+    for _ in range(8):
+        if math.floor(length * factor) >= wanted:
+            break
+        factor = math.nextafter(factor, math.inf)
+    return factor
+
+
+def _resize_torch(pixels: np.ndarray, box: Box, out: Tuple[int, int], resample: int, grid: bool) -> np.ndarray:
+    """The box of an HWC (or HW) uint8 array at size `out` (width, height), resampled by
+    torch's antialiased kernels on Pillow's sampling grid (`grid`: see `_torch_axis`); an HWC
+    (HW) uint8 array."""
+    torch = _torch()
+    mode, support = _TORCH_MODES[resample]
+    height, width = pixels.shape[:2]
+    x0, x1, skip_x, scale_x = _torch_axis(box[0], box[2], out[0], width, support, grid)
+    y0, y1, skip_y, scale_y = _torch_axis(box[1], box[3], out[1], height, support, grid)
+    crop = pixels.reshape(height, width, -1)[y0:y1, x0:x1]
+    if x1 - x0 < width:
+        # torch copies a strided input with its intra-op threads, slowly from a pool thread
+        crop = np.ascontiguousarray(crop)
+    tensor = torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0)  # NCHW over channels-last memory
+    lengths = ((y1 - y0) / scale_y, (x1 - x0) / scale_x)
+    if all(_whole(n) for n in lengths):  # the crop at a whole output size: torch's own scale, as Pillow's
+        result = torch.nn.functional.interpolate(tensor, size=tuple(round(n) for n in lengths), mode=mode,
+                                                 antialias=True, align_corners=False)
+    else:
+        factors = (_torch_factor(y1 - y0, skip_y + out[1], scale_y), _torch_factor(x1 - x0, skip_x + out[0], scale_x))
+        result = torch.nn.functional.interpolate(tensor, scale_factor=factors, mode=mode, antialias=True,
+                                                 align_corners=False, recompute_scale_factor=False)
+    result = result[0, :, skip_y:skip_y + out[1], skip_x:skip_x + out[0]].permute(1, 2, 0)
+    array = np.ascontiguousarray(result.numpy())
+    return array[:, :, 0] if array.shape[2] == 1 else array
