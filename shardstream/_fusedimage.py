@@ -230,7 +230,9 @@ class FusedImageHandler(FieldHandler):
         if decoded is None:
             decoded = self._decode_pillow(data, target)
         image = self._resample(*decoded, target)
-        if isinstance(image, np.ndarray):
+        if isinstance(image, np.ndarray):  # torch's: CHW memory seen as HWC, what torch specs want
+            if atype != "torch":
+                image = _packed(image)
             return _pil().fromarray(image) if atype == "pil" else _to_array(image, atype, etype)
         if image.mode != target:
             image = image.convert(target)
@@ -349,7 +351,7 @@ def _torch_factor(length: int, wanted: int, scale: float) -> float:
 def _resize_torch(pixels: np.ndarray, box: Box, out: Tuple[int, int], resample: int, grid: bool) -> np.ndarray:
     """The box of an HWC (or HW) uint8 array at size `out` (width, height), resampled by
     torch's antialiased kernels on Pillow's sampling grid (`grid`: see `_torch_axis`); an HWC
-    (HW) uint8 array."""
+    (HW) uint8 array, a view over CHW memory."""
     torch = _torch()
     mode, support = _TORCH_MODES[resample]
     height, width = pixels.shape[:2]
@@ -368,6 +370,14 @@ def _resize_torch(pixels: np.ndarray, box: Box, out: Tuple[int, int], resample: 
         factors = (_torch_factor(y1 - y0, skip_y + out[1], scale_y), _torch_factor(x1 - x0, skip_x + out[0], scale_x))
         result = torch.nn.functional.interpolate(tensor, scale_factor=factors, mode=mode, antialias=True,
                                                  align_corners=False, recompute_scale_factor=False)
-    result = result[0, :, skip_y:skip_y + out[1], skip_x:skip_x + out[0]].permute(1, 2, 0)
-    array = np.ascontiguousarray(result.numpy())
+    # torch writes CHW: hand that memory on as an HWC view (see `_packed`)
+    array = result[0, :, skip_y:skip_y + out[1], skip_x:skip_x + out[0]].numpy().transpose(1, 2, 0)
     return array[:, :, 0] if array.shape[2] == 1 else array
+
+
+def _packed(pixels: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of an HWC view over CHW memory, a channel at a time (numpy's own
+    transposing copy takes four times longer)."""
+    if pixels.ndim == 2 or pixels.flags.c_contiguous:
+        return np.ascontiguousarray(pixels)
+    return np.stack([pixels[:, :, channel] for channel in range(pixels.shape[2])], axis=-1)
