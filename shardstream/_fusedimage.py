@@ -34,7 +34,9 @@ Box = Tuple[float, float, float, float]
 _RESAMPLE = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 _BACKENDS = ("pillow", "simplejpeg")
 _RESIZERS = ("pillow", "torch")
-_TORCH_MODES = {2: ("bilinear", 1.0), 3: ("bicubic", 2.0)}  # Pillow filter: torch mode, support
+# Pillow filter: torch's antialiased kernel (the op behind F.interpolate(antialias=True), whose
+# out= form writes HWC memory directly), its support
+_TORCH_KERNELS = {2: ("_upsample_bilinear2d_aa", 1.0), 3: ("_upsample_bicubic2d_aa", 2.0)}
 _JPEG_SOI = b"\xff\xd8\xff"
 # Converting after the resize gives the same pixels as before it (and is cheaper) for these.
 _CONVERT_AFTER = {("L", "RGB"), ("L", "RGBA"), ("RGB", "RGBA"), ("L", "L"), ("RGB", "RGB")}
@@ -103,7 +105,7 @@ def _torch():
         import torch
     except ImportError:
         return None
-    return torch
+    return torch if hasattr(torch.ops.aten, "_upsample_bicubic2d_aa") else None
 
 
 class FusedImageHandler(FieldHandler):
@@ -177,10 +179,10 @@ class FusedImageHandler(FieldHandler):
         if resizer not in _RESIZERS:
             raise ValueError(f"resizer must be one of {_RESIZERS}, got {resizer!r}")
         if resizer == "torch":
-            if resample not in _TORCH_MODES:
+            if resample not in _TORCH_KERNELS:
                 raise ValueError("resizer='torch' resamples with 'bilinear' or 'bicubic' only")
             if _torch() is None:
-                raise ValueError("resizer='torch' needs torch: pip install torch")
+                raise ValueError("resizer='torch' needs torch >= 2.1: pip install torch")
         self.imagespec = imagespec
         self.extensions = set(extensions)
         self.size, self.crop, self.crop_fraction = size, crop, crop_fraction
@@ -229,10 +231,10 @@ class FusedImageHandler(FieldHandler):
             decoded = self._decode_simplejpeg(data, target)
         if decoded is None:
             decoded = self._decode_pillow(data, target)
-        image = self._resample(*decoded, target)
-        if isinstance(image, np.ndarray):  # torch's: CHW memory seen as HWC, what torch specs want
+        image = self._resample(*decoded, target, chw=atype == "torch")
+        if isinstance(image, np.ndarray):  # torch's: an HWC view, over CHW memory for torch specs
             if atype != "torch":
-                image = _packed(image)
+                image = np.ascontiguousarray(image)  # a center crop's rows cut out of a wider resize
             return _pil().fromarray(image) if atype == "pil" else _to_array(image, atype, etype)
         if image.mode != target:
             image = image.convert(target)
@@ -240,13 +242,15 @@ class FusedImageHandler(FieldHandler):
             return image
         return _to_array(np.asarray(image), atype, etype)
 
-    def _resample(self, source: Any, box: Box, factor: float, out: Tuple[int, int], target: str) -> Any:
-        """The box of `source` (a PIL image or an HWC array, decoded at `factor`) at size `out`."""
+    def _resample(self, source: Any, box: Box, factor: float, out: Tuple[int, int], target: str,
+                  chw: bool = False) -> Any:
+        """The box of `source` (a PIL image or an HWC array, decoded at `factor`) at size `out`
+        (torch's result: an HWC view, over CHW memory with `chw`)."""
         box = (box[0] * factor, box[1] * factor, box[2] * factor, box[3] * factor)
         if self.resizer == "torch" and target in ("RGB", "L"):
             if not isinstance(source, np.ndarray):  # torch wants writable memory: np.array copies
                 source = np.array(source if source.mode == target else source.convert(target))
-            return _resize_torch(source, box, out, self.resample, grid=self.crop != "random")
+            return _resize_torch(source, box, out, self.resample, grid=self.crop != "random", chw=chw)
         if isinstance(source, np.ndarray):
             source = _pil().fromarray(source[:, :, 0] if source.shape[2] == 1 else source)
         if (source.mode, target) not in _CONVERT_AFTER:
@@ -336,24 +340,13 @@ def _whole(value: float) -> bool:
     return abs(value - round(value)) < 1e-6
 
 
-def _torch_factor(length: int, wanted: int, scale: float) -> float:
-    """The scale factor that samples every `scale` pixels and yields at least `wanted` pixels
-    (torch's output length is floor(length * factor); the crop is long enough, so at most a
-    rounding error is to be made up)."""
-    factor = max(1.0 / scale, wanted / length)
-    for _ in range(8):
-        if math.floor(length * factor) >= wanted:
-            break
-        factor = math.nextafter(factor, math.inf)
-    return factor
-
-
-def _resize_torch(pixels: np.ndarray, box: Box, out: Tuple[int, int], resample: int, grid: bool) -> np.ndarray:
+def _resize_torch(pixels: np.ndarray, box: Box, out: Tuple[int, int], resample: int, grid: bool,
+                  chw: bool) -> np.ndarray:
     """The box of an HWC (or HW) uint8 array at size `out` (width, height), resampled by
     torch's antialiased kernels on Pillow's sampling grid (`grid`: see `_torch_axis`); an HWC
-    (HW) uint8 array, a view over CHW memory."""
+    (HW) uint8 view, over CHW memory with `chw` (what torch specs want), else over HWC memory."""
     torch = _torch()
-    mode, support = _TORCH_MODES[resample]
+    kernel, support = _TORCH_KERNELS[resample]
     height, width = pixels.shape[:2]
     x0, x1, skip_x, scale_x = _torch_axis(box[0], box[2], out[0], width, support, grid)
     y0, y1, skip_y, scale_y = _torch_axis(box[1], box[3], out[1], height, support, grid)
@@ -361,23 +354,16 @@ def _resize_torch(pixels: np.ndarray, box: Box, out: Tuple[int, int], resample: 
     if x1 - x0 < width:
         # torch copies a strided input with its intra-op threads, slowly from a pool thread
         crop = np.ascontiguousarray(crop)
-    tensor = torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0)  # NCHW over channels-last memory
     lengths = ((y1 - y0) / scale_y, (x1 - x0) / scale_x)
-    if all(_whole(n) for n in lengths):  # the crop at a whole output size: torch's own scale, as Pillow's
-        result = torch.nn.functional.interpolate(tensor, size=tuple(round(n) for n in lengths), mode=mode,
-                                                 antialias=True, align_corners=False)
+    scales: Tuple[Optional[float], Optional[float]]
+    if all(_whole(n) for n in lengths):  # a whole-size resize: torch computes the scale as Pillow does
+        size, scales = (round(lengths[0]), round(lengths[1])), (None, None)
     else:
-        factors = (_torch_factor(y1 - y0, skip_y + out[1], scale_y), _torch_factor(x1 - x0, skip_x + out[0], scale_x))
-        result = torch.nn.functional.interpolate(tensor, scale_factor=factors, mode=mode, antialias=True,
-                                                 align_corners=False, recompute_scale_factor=False)
-    # torch writes CHW: hand that memory on as an HWC view (see `_packed`)
-    array = result[0, :, skip_y:skip_y + out[1], skip_x:skip_x + out[0]].numpy().transpose(1, 2, 0)
-    return array[:, :, 0] if array.shape[2] == 1 else array
-
-
-def _packed(pixels: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of an HWC view over CHW memory, a channel at a time (numpy's own
-    transposing copy takes four times longer)."""
-    if pixels.ndim == 2 or pixels.flags.c_contiguous:
-        return np.ascontiguousarray(pixels)
-    return np.stack([pixels[:, :, channel] for channel in range(pixels.shape[2])], axis=-1)
+        size, scales = (skip_y + out[1], skip_x + out[0]), (1.0 / scale_y, 1.0 / scale_x)
+    channels = crop.shape[2]
+    result = np.empty((channels, *size) if chw else (*size, channels), np.uint8)
+    target = torch.from_numpy(result if chw else result.transpose(2, 0, 1)).unsqueeze(0)
+    source = torch.from_numpy(crop.transpose(2, 0, 1)).unsqueeze(0)  # NCHW over channels-last memory
+    getattr(torch.ops.aten, kernel).out(source, list(size), False, *scales, out=target)
+    view = (result.transpose(1, 2, 0) if chw else result)[skip_y:skip_y + out[1], skip_x:skip_x + out[0]]
+    return view[:, :, 0] if channels == 1 else view

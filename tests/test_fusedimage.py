@@ -120,7 +120,7 @@ def test_center_crop_is_resize_then_center_crop(small, backend, resizer):
     # (torch: the crop box starts at 58.04 px, off the pixel grid, so it resizes from pixel 0).
     ours = wds.imagehandler("rgb8", size=224, crop="center", backend=backend, resizer=resizer)(".jpg", small)
     theirs = np.asarray(tv_center_crop(tv_resize(ImageHandler("pil").decode(small), 256), 224))
-    assert ours.shape == theirs.shape == (224, 224, 3)
+    assert ours.shape == theirs.shape == (224, 224, 3) and ours.flags.c_contiguous
     assert np.abs(ours.astype(np.int16) - theirs).max() <= 1
 
 
@@ -257,7 +257,10 @@ def test_every_spec_from_every_mode(spec, kind, shape, dtype, source, backend, r
     reference = plain(data, box, size, {"l": "pill", "rgb": "pil", "rgba": "pilrgba"}[target])
     array = out.numpy() if isinstance(out, torch.Tensor) else out
     if array.ndim == 3 and kind is torch.Tensor:
+        assert out.is_contiguous()  # CHW, as the plain spec gives
         array = array.transpose(1, 2, 0)
+    else:
+        assert array.flags.c_contiguous
     if array.dtype == np.float32:
         array = (array * 255).round()
     assert difference(array, reference)[0] <= MEAN_TOLERANCE  # 53 px of box for 24: drafted at 1/2
