@@ -253,10 +253,13 @@ class FusedImageHandler(FieldHandler):
         """The box of `source` (a PIL image or an HWC array, decoded at `factor`) at size `out`
         (torch's result: an HWC view, over CHW memory with `chw`)."""
         box = (box[0] * factor, box[1] * factor, box[2] * factor, box[3] * factor)
-        if self.resizer == "torch" and target in ("RGB", "L"):
+        grid = self.crop != "random"
+        # torch can't start a resize between two pixels: a random box that DCT scaling moved off
+        # whole pixels goes to Pillow (moving it half a pixel costs up to 5 levels on average)
+        if self.resizer == "torch" and target in ("RGB", "L") and (grid or all(_whole(v) for v in box)):
             if not isinstance(source, np.ndarray):  # torch wants writable memory: np.array copies
                 source = np.array(source if source.mode == target else source.convert(target))
-            return _resize_torch(source, box, out, self.resample, grid=self.crop != "random", chw=chw)
+            return _resize_torch(source, box, out, self.resample, grid=grid, chw=chw)
         if isinstance(source, np.ndarray):
             source = _pil().fromarray(source[:, :, 0] if source.shape[2] == 1 else source)
         if (source.mode, target) not in _CONVERT_AFTER:
@@ -328,9 +331,8 @@ def _torch_axis(start: float, end: float, out: int, size: int, support: float,
     at crop start + (i + 0.5) * scale, so the crop must start on that grid. With `grid` (a
     center crop: Resize, then CenterCrop) the box lies on the grid of a whole-image resize: it
     is resized from pixel 0 with its neighbours, then cut out (k output pixels skipped).
-    Otherwise (random crops: RandomResizedCrop's order) the box is cut out, then resized; a box
-    off whole pixels (scaled by DCT decoding) has its edges moved to the nearest whole pixel,
-    under half a pixel.
+    Otherwise (random crops: RandomResizedCrop's order) the box, on whole pixels, is cut out,
+    then resized (a box off them, which callers avoid, has its edges moved to the nearest one).
     """
     scale = (end - start) / out
     skip = round(start / scale)

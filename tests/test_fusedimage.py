@@ -200,17 +200,18 @@ def test_backends_agree(large):
 
 @pytest.mark.parametrize("backend", INSTALLED_BACKENDS)
 def test_torch_random_boxes_off_the_pixel_grid(large, backend):
-    # Near-whole-image boxes of a 1600x1200 JPEG decoded at 1/4: the box's edges fall between
-    # pixels and on the image's edge; torch moves them to whole pixels (under half a pixel).
-    handler = wds.imagehandler("rgb8", size=224, crop="random", scale=(0.9, 1.0), backend=backend,
+    # Random boxes of JPEGs decoded at 1/2..1/4 mostly fall between pixels of the decoded image;
+    # torch can't start there, so Pillow resamples them: the pixels of resizer="pillow".
+    handler = wds.imagehandler("rgb8", size=224, crop="random", scale=(0.5, 1.0), backend=backend,
                                resizer="torch", seed=11)
-    boxes = wds.imagehandler("rgb8", size=224, crop="random", scale=(0.9, 1.0), seed=11)
-    for _ in range(20):
-        box, out = boxes.geometry(1600, 1200)
-        ours, theirs = handler(".jpg", large[0]), plain(large[0], box, out)
-        assert ours.shape == theirs.shape == (224, 224, 3)
-        mean, p99 = difference(ours, theirs)
-        assert mean <= MEAN_TOLERANCE and p99 <= P99_TOLERANCE, (mean, p99)
+    pillow = wds.imagehandler("rgb8", size=224, crop="random", scale=(0.5, 1.0), backend=backend, seed=11)
+    same = 0
+    for data in large:
+        for _ in range(8):
+            ours, theirs = handler(".jpg", data), pillow(".jpg", data)
+            assert ours.shape == theirs.shape == (224, 224, 3)
+            same += np.array_equal(ours, theirs)
+    assert same >= 20  # of 24: the few boxes on whole decoded pixels went to torch
 
 
 @pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
