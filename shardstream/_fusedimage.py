@@ -13,9 +13,9 @@ with less work per image:
   Pillow's sampling grid: a center crop resizes like Resize (from pixel 0, with neighbours)
   and keeps the crop, a random crop cuts its whole-pixel box and resizes it.
 
-The fastest pair on 500x375 JPEGs is backend="simplejpeg" + resizer="torch": simplejpeg decodes
-into a numpy array that torch resamples in place of memory; Pillow's decoded images need a
-copy to reach torch, which costs what torch saves at that size.
+The fastest pair on 500x375 JPEGs is backend="simplejpeg" + resizer="torch": torch reads
+simplejpeg's numpy array where it lies, while a Pillow image needs a copy to reach torch, which
+at that size costs what torch saves.
 
 The pixels differ from the plain path within a small tolerance (the README gives the measured
 figures; tests/test_fusedimage.py bounds them). The plain `.decode("rgb8")` path is unchanged.
