@@ -10,9 +10,11 @@ shardstream iterates directly with `.with_engine(threads=N)`):
   - `plain-center`: `.decode("pil")` + torchvision's eval transform `Resize(256)` +
     `CenterCrop(224)` on the PIL image (written with Pillow: torchvision is not in the venv);
   - `fused-center`: `.decode(wds.imagehandler("rgb8", size=224, crop="center"))`, the same pixels
-    within the README's tolerance (`-sj`: backend="simplejpeg");
+    within the README's tolerance (`-sj`: backend="simplejpeg"; `-sjt`: backend="simplejpeg",
+    resizer="torch");
   - `plain-random`: `.decode("pil")` + `RandomResizedCrop(224)` (torchvision's algorithm: crop,
-    then resize);  `fused-random`: `imagehandler("rgb8", size=224, crop="random")`.
+    then resize);  `fused-random`: `imagehandler("rgb8", size=224, crop="random")` (`-sjt` as
+    above).
 - `video`: 2 s 320x240 h264 clips; `uniform8-112`: `videohandler("rgb8", uniform=8, size=112)`;
   `all-frames`: every frame at full size (what `torch_video` decodes).
 - `audio`: 5 s 44.1 kHz stereo flac and mp3, `audiohandler(sample_rate=16000, channels=1)`.
@@ -59,8 +61,10 @@ class MediaConfig:
 
 
 PIPELINES = {
-    "images": ["plain-center", "fused-center", "fused-center-sj", "plain-random", "fused-random"],
-    "large": ["plain-center", "fused-center", "fused-center-sj", "plain-random", "fused-random"],
+    "images": ["plain-center", "fused-center", "fused-center-sj", "fused-center-sjt", "plain-random", "fused-random",
+               "fused-random-sjt"],
+    "large": ["plain-center", "fused-center", "fused-center-sj", "fused-center-sjt", "plain-random", "fused-random",
+              "fused-random-sjt"],
     "video": ["uniform8-112", "all-frames"],
     "audio": ["flac", "mp3"],
 }
@@ -122,8 +126,9 @@ def build(config: MediaConfig, urls: list):
             transform = plain_center if name == "plain-center" else plain_random
             return lambda: dataset().decode("pil").map(transform).to_tuple("jpg", "cls").batched(BATCH)
         crop = "center" if "center" in name else "random"
-        backend = "simplejpeg" if name.endswith("-sj") else "pillow"
-        handler = wds.imagehandler("rgb8", size=224, crop=crop, backend=backend)
+        backend = "simplejpeg" if name.endswith(("-sj", "-sjt")) else "pillow"
+        resizer = "torch" if name.endswith("-sjt") else "pillow"
+        handler = wds.imagehandler("rgb8", size=224, crop=crop, backend=backend, resizer=resizer)
         return lambda: dataset().decode(handler).to_tuple("jpg", "cls").batched(BATCH)
     if config.section == "video":
         handler = wds.videohandler("rgb8", uniform=8, size=112) if name == "uniform8-112" else wds.videohandler("rgb8")
@@ -199,7 +204,8 @@ def report(results: list, cores: int, header: str) -> list:
     print("\nfused over plain: samples per CPU-second (and samples/s), per thread count:")
     for section, target in TARGETS.items():
         for fused, plain in (("fused-center", "plain-center"), ("fused-center-sj", "plain-center"),
-                             ("fused-random", "plain-random")):
+                             ("fused-center-sjt", "plain-center"), ("fused-random", "plain-random"),
+                             ("fused-random-sjt", "plain-random")):
             threads = sorted({t for (s, n, t) in cpu if s == section and n == fused})
             pairs = [(t, cpu[(section, plain, t)] / cpu[(section, fused, t)],
                       rate[(section, fused, t)] / rate[(section, plain, t)])

@@ -27,6 +27,9 @@ HAVE_SIMPLEJPEG = importlib.util.find_spec("simplejpeg") is not None
 BACKENDS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
     not HAVE_SIMPLEJPEG, reason="simplejpeg is not installed"))]
 INSTALLED_BACKENDS = ["pillow", "simplejpeg"] if HAVE_SIMPLEJPEG else ["pillow"]
+# (decoder, resizer) pairs: Pillow throughout, and the fast pair (simplejpeg + torch's kernels).
+PAIRS = [("pillow", "pillow"), ("pillow", "torch"), pytest.param("simplejpeg", "torch", marks=pytest.mark.skipif(
+    not HAVE_SIMPLEJPEG, reason="simplejpeg is not installed"))]
 
 
 def photo(width: int, height: int, seed: int = 0, noise: float = 8.0) -> np.ndarray:
@@ -111,12 +114,29 @@ def test_positional_form_is_webdatasets_image_handler(small):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_center_crop_is_resize_then_center_crop(small, backend):
-    # No DCT scaling applies (328 px of crop for 224 of output): pixels as the plain eval transform.
-    ours = wds.imagehandler("rgb8", size=224, crop="center", backend=backend)(".jpg", small)
+@pytest.mark.parametrize("resizer", ["pillow", "torch"])
+def test_center_crop_is_resize_then_center_crop(small, backend, resizer):
+    # No DCT scaling applies (328 px of crop for 224 of output): pixels as the plain eval transform
+    # (torch: the crop box starts at 58.04 px, off the pixel grid, so it resizes from pixel 0).
+    ours = wds.imagehandler("rgb8", size=224, crop="center", backend=backend, resizer=resizer)(".jpg", small)
     theirs = np.asarray(tv_center_crop(tv_resize(ImageHandler("pil").decode(small), 256), 224))
-    assert ours.shape == theirs.shape == (224, 224, 3)
+    assert ours.shape == theirs.shape == (224, 224, 3) and ours.flags.c_contiguous
     assert np.abs(ours.astype(np.int16) - theirs).max() <= 1
+
+
+@pytest.mark.parametrize("size", [224, (200, 240)])
+def test_torch_random_crop_is_crop_then_resize(small, size):
+    # RandomResizedCrop crops whole pixels, then resizes the crop alone: what torch does too.
+    handler = wds.imagehandler("rgb8", size=size, crop="random", resizer="torch", seed=7)
+    boxes = wds.imagehandler("rgb8", size=size, crop="random", seed=7)
+    image = ImageHandler("pil").decode(small)
+    for _ in range(10):
+        box, out = boxes.geometry(*image.size)
+        theirs = np.asarray(image.crop(tuple(int(v) for v in box)).resize(out, PIL.Image.BILINEAR))
+        ours = handler(".jpg", small)
+        assert ours.shape == theirs.shape and ours.flags.c_contiguous
+        # torch's AVX2 kernel keeps 16-bit weights (Pillow: 22-bit): a level or two apart
+        assert np.abs(ours.astype(np.int16) - theirs).max() <= 2 and difference(ours, theirs)[0] < 0.5
 
 
 def test_center_box_matches_torchvision_arithmetic():
@@ -155,9 +175,10 @@ def test_no_crop_resizes_like_resize(small, size, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("resizer", ["pillow", "torch"])
 @pytest.mark.parametrize("crop", ["center", "random", None])
-def test_dct_scaled_decode_stays_within_the_documented_tolerance(large, backend, crop):
-    handler = wds.imagehandler("rgb8", size=224, crop=crop, backend=backend, seed=3)
+def test_dct_scaled_decode_stays_within_the_documented_tolerance(large, backend, resizer, crop):
+    handler = wds.imagehandler("rgb8", size=224, crop=crop, backend=backend, resizer=resizer, seed=3)
     geometry = wds.imagehandler("rgb8", size=224, crop=crop, seed=3)  # draws the same boxes
     for data in large:
         width, height = PIL.Image.open(io.BytesIO(data)).size
@@ -173,7 +194,39 @@ def test_backends_agree(large):
     for data in large:
         a = wds.imagehandler("rgb8", size=224, crop="center")(".jpg", data)
         b = wds.imagehandler("rgb8", size=224, crop="center", backend="simplejpeg")(".jpg", data)
-        assert difference(a, b)[0] <= 0.5
+        c = wds.imagehandler("rgb8", size=224, crop="center", backend="simplejpeg", resizer="torch")(".jpg", data)
+        assert difference(a, b)[0] <= 0.5 and difference(a, c)[0] <= 0.5
+
+
+@pytest.mark.parametrize("backend", INSTALLED_BACKENDS)
+def test_torch_random_boxes_off_the_pixel_grid(large, backend):
+    # Random boxes of JPEGs decoded at 1/2..1/4 mostly fall between pixels of the decoded image;
+    # torch can't start there, so Pillow resamples them: the pixels of resizer="pillow".
+    handler = wds.imagehandler("rgb8", size=224, crop="random", scale=(0.5, 1.0), backend=backend,
+                               resizer="torch", seed=11)
+    pillow = wds.imagehandler("rgb8", size=224, crop="random", scale=(0.5, 1.0), backend=backend, seed=11)
+    same = 0
+    for data in large:
+        for _ in range(8):
+            ours, theirs = handler(".jpg", data), pillow(".jpg", data)
+            assert ours.shape == theirs.shape == (224, 224, 3)
+            same += np.array_equal(ours, theirs)
+    assert same >= 20  # of 24: the few boxes on whole decoded pixels went to torch
+
+
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("crop", ["center", "random", None])
+def test_torch_resizer_matches_pillows_filters(small, resample, crop):
+    # torch's antialiased uint8 kernels are a port of Pillow's (no DCT scaling at this size).
+    ours = wds.imagehandler("rgb8", size=(200, 266), crop=crop, resample=resample, resizer="torch", seed=2)
+    geometry = wds.imagehandler("rgb8", size=(200, 266), crop=crop, seed=2)
+    box, out = geometry.geometry(500, 375)
+    theirs = ImageHandler("pil").decode(small)
+    if crop == "random":
+        theirs = theirs.crop(tuple(int(v) for v in box)).resize(out, getattr(PIL.Image, resample.upper()))
+    else:
+        theirs = theirs.resize(out, getattr(PIL.Image, resample.upper()), box=box)
+    assert np.abs(ours(".jpg", small).astype(np.int16) - np.asarray(theirs)).max() <= 2
 
 
 # --- specs, modes and formats -------------------------------------------------------------------
@@ -192,11 +245,11 @@ def test_backends_agree(large):
     ],
 )
 @pytest.mark.parametrize("source", ["jpeg-rgb", "jpeg-l", "png-rgba", "png-p", "png-l", "jpeg-cmyk"])
-@pytest.mark.parametrize("backend", INSTALLED_BACKENDS)
-def test_every_spec_from_every_mode(spec, kind, shape, dtype, source, backend):
+@pytest.mark.parametrize("backend, resizer", PAIRS)
+def test_every_spec_from_every_mode(spec, kind, shape, dtype, source, backend, resizer):
     fmt, mode = source.split("-")
     data = encode(photo(80, 60, seed=4), "JPEG" if fmt == "jpeg" else "PNG", mode.upper())
-    handler = wds.imagehandler(spec, size=24, crop="center", backend=backend)
+    handler = wds.imagehandler(spec, size=24, crop="center", backend=backend, resizer=resizer)
     out = handler(".x." + fmt, data)
     assert isinstance(out, kind) and tuple(out.shape) == shape and out.dtype == dtype
     # The plain spec's decode (its mode conversion), then the same box resized.
@@ -205,14 +258,18 @@ def test_every_spec_from_every_mode(spec, kind, shape, dtype, source, backend):
     reference = plain(data, box, size, {"l": "pill", "rgb": "pil", "rgba": "pilrgba"}[target])
     array = out.numpy() if isinstance(out, torch.Tensor) else out
     if array.ndim == 3 and kind is torch.Tensor:
+        assert out.is_contiguous()  # CHW, as the plain spec gives
         array = array.transpose(1, 2, 0)
+    else:
+        assert array.flags.c_contiguous
     if array.dtype == np.float32:
         array = (array * 255).round()
     assert difference(array, reference)[0] <= MEAN_TOLERANCE  # 53 px of box for 24: drafted at 1/2
 
 
-def test_pil_spec_gives_a_plain_image(small):
-    image = wds.imagehandler("pil", size=(20, 30), crop="center")(".jpg", small)
+@pytest.mark.parametrize("resizer", ["pillow", "torch"])
+def test_pil_spec_gives_a_plain_image(small, resizer):
+    image = wds.imagehandler("pil", size=(20, 30), crop="center", resizer=resizer)(".jpg", small)
     assert isinstance(image, PIL.Image.Image) and image.size == (30, 20) and image.mode == "RGB"
 
 
@@ -228,6 +285,8 @@ def test_handler_skips_other_fields_and_pickles(small):
     assert handler(".png", small) is None and handler.accepts(".a.jpg") and not handler.accepts(".txt")
     copy = pickle.loads(pickle.dumps(handler))
     assert copy(".jpg", small).shape == (16, 16, 3)
+    fast = pickle.loads(pickle.dumps(wds.imagehandler("rgb8", size=16, crop="center", resizer="torch")))
+    assert fast.resizer == "torch" and fast(".jpg", small).shape == (16, 16, 3)
     seeded = pickle.loads(pickle.dumps(wds.imagehandler("rgb8", size=16, crop="random", seed=1)))
     assert np.array_equal(seeded(".jpg", small), wds.imagehandler("rgb8", size=16, crop="random", seed=1)(".jpg", small))
 
@@ -235,7 +294,8 @@ def test_handler_skips_other_fields_and_pickles(small):
 @pytest.mark.parametrize(
     "options",
     [{"crop": "center"}, {"size": 0}, {"size": (1, 2, 3)}, {"size": 8, "crop": "middle"},
-     {"size": 8, "backend": "turbo"}, {"size": 8, "resample": "sinc"}, {"size": 8, "crop_fraction": 0}],
+     {"size": 8, "backend": "turbo"}, {"size": 8, "resample": "sinc"}, {"size": 8, "crop_fraction": 0},
+     {"size": 8, "resizer": "cv2"}, {"size": 8, "resizer": "torch", "resample": "lanczos"}],
 )
 def test_bad_options_are_refused(options):
     with pytest.raises(ValueError):
