@@ -7,6 +7,8 @@ import importlib.util
 import io
 import math
 import pickle
+import subprocess
+import sys
 import random
 
 import numpy as np
@@ -314,4 +316,18 @@ def test_in_a_pipeline(tmp_path, small):
     )
     images, labels = next(iter(dataset))
     assert tuple(images.shape) == (5, 3, 224, 224) and list(labels) == [0, 1, 2, 3, 4]
-    assert math.isclose(float(images.float().mean()), float(images[0].float().mean()))
+    assert all(torch.equal(images[0], image) for image in images)  # the same JPEG five times
+
+
+def test_auto_picks_the_fastest_installed_pair_and_never_imports_torch():
+    handler = wds.imagehandler("rgb8", size=224, crop="random")
+    assert (handler.backend, handler.resizer) == ("simplejpeg", "torch")  # both installed, torch imported here
+    assert wds.imagehandler("rgb8", size=224, resample="lanczos").resizer == "pillow"  # not a torch kernel
+    assert pickle.loads(pickle.dumps(handler)).resizer == "torch"  # a worker's copy keeps the choice
+    script = (
+        "import sys, shardstream as wds\n"
+        "h = wds.imagehandler('rgb8', size=224, crop='center')\n"
+        "print(h.backend, h.resizer, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["simplejpeg", "pillow", "False"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import math
 import random
+import sys
 import threading
 from typing import Any, Iterable, Optional, Tuple, Union
 
@@ -129,10 +130,14 @@ class FusedImageHandler(FieldHandler):
         resample: Pillow filter name ("bilinear", as torchvision) or number.
         reducing_gap: Pillow's reducing gap (None: resample from full resolution).
         backend: the decoder: "pillow", or "simplejpeg" (where installed: YCbCr and gray
-            JPEGs; anything else falls back to Pillow).
+            JPEGs; anything else falls back to Pillow); "auto" (the default): simplejpeg where
+            it is installed, else Pillow.
         resizer: "pillow", or "torch" (where installed: torch's antialiased uint8 bilinear or
             bicubic resampling of RGB and gray images, no reducing gap; RGBA results, whose
-            alpha Pillow premultiplies, stay with Pillow).
+            alpha Pillow premultiplies, stay with Pillow); "auto" (the default): torch when this
+            process has already imported it (shardstream does not import torch on its own) and
+            the filter is bilinear or bicubic, else Pillow. "auto" is decided when the handler is
+            made, and a copy sent to a DataLoader worker keeps that choice.
         seed: seed of this handler's own random generator for crop="random"; None uses the
             `random` module (which DataLoader reseeds in each worker).
 
@@ -152,8 +157,8 @@ class FusedImageHandler(FieldHandler):
         ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
         resample: Union[str, int] = "bilinear",
         reducing_gap: Optional[float] = 3.0,
-        backend: str = "pillow",
-        resizer: str = "pillow",
+        backend: str = "auto",
+        resizer: str = "auto",
         seed: Optional[int] = None,
     ) -> None:
         if imagespec not in imagespecs:
@@ -178,6 +183,11 @@ class FusedImageHandler(FieldHandler):
             if resample.lower() not in _RESAMPLE:
                 raise ValueError(f"resample must be one of {sorted(_RESAMPLE)}, got {resample!r}")
             resample = _RESAMPLE[resample.lower()]
+        if backend == "auto":
+            backend = "simplejpeg" if _simplejpeg() is not None else "pillow"
+        if resizer == "auto":
+            torch_ready = "torch" in sys.modules and resample in _TORCH_KERNELS and _torch() is not None
+            resizer = "torch" if torch_ready else "pillow"
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if backend == "simplejpeg" and _simplejpeg() is None:
