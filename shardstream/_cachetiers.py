@@ -10,8 +10,10 @@ misses through them; the tiers never decide what to fetch.
 Disk layout of a `DiskTier` (one directory, so every rename is atomic):
 
     <digest>-<basename>                       committed shard bytes (exactly the origin's bytes)
-    .<digest>-<basename>.meta                 sidecar: size, URL digest, CRC-32 per block (`_cachecheck`)
+    .<digest>-<basename>.meta                 sidecar: size, URL digest, a digest per block (`_cachecheck`)
     .<name>.<host>.<pid>.<random>.tmp         a write in progress (or left by a dead process)
+    .<name>.<host>.<pid>.<random>.sums.tmp    its progress log: the digests of the blocks written so far,
+                                              which other processes follow (`_cacheshare`)
     .locks/<digest>-<basename>, .locks/.evict flock files (never deleted: see `claim`)
 """
 
@@ -34,6 +36,7 @@ from urllib.parse import urlparse
 from filelock import FileLock, Timeout
 
 from ._cachecheck import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
+from ._cacheshare import BlockWriter, open_progress_log, progress_log_path
 
 __all__ = ["DiskTier", "MemoryTier", "TierCounters", "cache_file_name"]
 
@@ -42,11 +45,11 @@ logger = logging.getLogger(__name__)
 CHUNK_SIZE = 1 << 20
 TIER_FIELDS = (
     "hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "corrupt", "discarded", "errors",
-    "bypassed",
+    "bypassed", "followed",
 )
 
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})\.tmp$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})(\.sums)?\.tmp$")
 
 
 def _pipe_url(spec: str) -> str:
@@ -256,13 +259,15 @@ class MemoryTier:
 
 
 class _DiskWriter:
-    """Writes a shard to a private temp file; `commit` renames it into place, `abort` deletes it."""
+    """Writes a shard to a private temp file (from a `BlockWriter` thread, publishing its progress
+    for other processes); `commit` renames it into place, `abort` deletes it."""
 
-    def __init__(self, tier: "DiskTier", url: str, temp: str, f) -> None:
-        self.tier, self.url, self.temp, self.file = tier, url, temp, f
+    def __init__(self, tier: "DiskTier", url: str, temp: str, fd: int, log_fd: Optional[int]) -> None:
+        self.tier, self.url, self.temp = tier, url, temp
         self.size = 0
         self.live = True
-        self.digest = BlockDigest(tier.chunk_size)  # computed from the chunks as they are written
+        self._fds = [fd] if log_fd is None else [fd, log_fd]
+        self.thread = BlockWriter(fd, log_fd, tier.chunk_size)  # digests from the chunks as they are written
 
     def write(self, chunk: bytes) -> None:
         if not self.live:
@@ -271,36 +276,48 @@ class _DiskWriter:
         if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
             self.abort()  # can never fit: stop paying for the copy
             return
-        try:
-            self.file.write(chunk)
-        except OSError as exn:  # a full or broken cache disk must not fail the read
-            logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
-            self.tier.counters.add(errors=1)
-            self.abort()
-            return
-        self.digest.update(chunk)
+        if not self.thread.put(chunk if type(chunk) is bytes else bytes(chunk)):
+            self._failed(self.thread.error)
+
+    def _failed(self, exn) -> None:  # a full or broken cache disk must not fail the read
+        logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
+        self.tier.counters.add(errors=1)
+        self.abort()
+
+    def _close(self) -> Optional[OSError]:
+        error = None
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError as exn:
+                error = error or exn
+        self._fds = []
+        return error
 
     def commit(self) -> bool:
         if not self.live:
             return False
         self.live = False
-        try:
-            self.file.close()
-        except OSError as exn:
-            logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
+        digest = self.thread.finish()
+        error = self._close() or self.thread.error
+        if digest is None or error is not None:
+            logger.warning("cache write failed, not caching %s: %s", self.temp, error)
             self.tier.counters.add(errors=1, discarded=1)
             _unlink(self.temp)
+            _unlink(progress_log_path(self.temp))
             return False
-        return self.tier._commit(self.url, self.temp, self.size, self.digest)
+        try:
+            return self.tier._commit(self.url, self.temp, self.size, digest)
+        finally:
+            _unlink(progress_log_path(self.temp))  # after the rename: followers then find the committed file
 
     def abort(self) -> None:
         if self.live:
             self.live = False
-            try:
-                self.file.close()
-            except OSError:
-                pass
+            self.thread.cancel()
+            self._close()
             _unlink(self.temp)
+            _unlink(progress_log_path(self.temp))
             self.tier.counters.add(discarded=1)
 
 
@@ -469,6 +486,33 @@ class DiskTier:
             return None
         return _Claim(self, url, lock)
 
+    def writing_here(self, url: str) -> bool:
+        """Whether this process holds `url`'s claim (a second stream of ours bypasses the tier)."""
+        with self._local():
+            return url in self._writing
+
+    def try_claim(self, url: str) -> Optional[_Claim]:
+        """The node-wide right to fetch `url` into this tier if it is free now, else None (another
+        process holds it, or this one: see `writing_here`). Never waits."""
+        with self._local():
+            if url in self._writing:
+                return None
+            self._writing.add(url)
+        lock = _file_lock(os.path.join(self._lock_dir, cache_file_name(url)))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            self._claim_done(url)
+            return None
+        except BaseException:
+            self._claim_done(url)
+            raise
+        return _Claim(self, url, lock)
+
+    def claim_free(self, url: str) -> bool:
+        """Whether no process holds `url`'s claim now (its writer committed, failed or died)."""
+        return not self.claimed_elsewhere(url)
+
     def claimed_elsewhere(self, url: str) -> bool:
         """Whether another process holds `claim(url)` now, i.e. is fetching `url` into this tier
         (or re-fetching it after finding its file corrupt)."""
@@ -520,19 +564,30 @@ class DiskTier:
                 pass
         return sorted(seen)
 
-    def writer(self, url: str, size_hint: Optional[int] = None) -> Optional[_DiskWriter]:
-        """A temp-file writer for `url` (call while holding `claim(url)`), or None."""
+    def writer(self, url: str, size_hint: Optional[int] = None, *, shared: bool = True) -> Optional[_DiskWriter]:
+        """A temp-file writer for `url` (call while holding `claim(url)`), or None. `shared`: publish
+        its progress, so that other processes can follow the write."""
         if self.max_bytes is not None and size_hint is not None and size_hint > self.max_bytes:
             return None
         name = cache_file_name(url)
+        # We hold the claim: other temp files of this URL are dead writers' (followers must not
+        # tail them while they wait for ours).
+        for stale in glob.glob(os.path.join(glob.escape(self.cache_dir), glob.escape(f".{name}") + ".*.tmp")):
+            if _TEMP.match(os.path.basename(stale)):
+                _unlink(stale)
         temp = os.path.join(self.cache_dir, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = log_fd = None
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+            log_fd = open_progress_log(temp, self.chunk_size) if shared else None
         except OSError as exn:
             logger.warning("cannot create cache temp file %s: %s", temp, exn)
             self.counters.add(errors=1)
+            if fd is not None:
+                os.close(fd)
+                _unlink(temp)
             return None
-        return _DiskWriter(self, url, temp, os.fdopen(fd, "wb"))
+        return _DiskWriter(self, url, temp, fd, log_fd)
 
     def _commit(self, url: str, temp: str, size: int, digest: BlockDigest) -> bool:
         path = self.path_for(url)

@@ -250,12 +250,25 @@ class TarShardSamples(PipelineStage):
         return open_origin(url, start, self.fetch_options, self.allow_pipe)
 
     def _open_ahead(self, url: str, start: int) -> Optional[ChunkStream]:
-        """Start downloading a remote shard now (unless it is served from the cache)."""
+        """Start downloading a remote shard now, unless the cache serves it. The cache's claim is
+        taken first (`prepare`), so of the processes sharing a cache only one opens the origin."""
         if self.opener is not None or start or not _is_remote(url):
             return None
-        if self.cache is not None and self.cache.will_serve(url):
+        if self.cache is not None and not self.cache.prepare(url):
             return None
-        return open_stream(url, options=self.fetch_options)
+        try:
+            return open_stream(url, options=self.fetch_options)
+        except BaseException:
+            if self.cache is not None:
+                self.cache.release(url)
+            raise
+
+    def _drop_ahead(self, url: str, ready: Optional[ChunkStream]) -> None:
+        """Close a stream opened ahead, and give back the claim `prepare` took if no read used it."""
+        if ready is not None:
+            ready.close()
+            if self.cache is not None:
+                self.cache.release(url)
 
     def batches(
         self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None, info: Optional[Dict[str, Any]] = None
@@ -397,12 +410,10 @@ class TarShardSamples(PipelineStage):
                 else:
                     self.source_stats.add(shards=1, samples=count)
                 finally:
-                    if ready is not None:
-                        ready.close()
+                    self._drop_ahead(url, ready)
         finally:
-            for _index, _item, ready in ahead:
-                if ready is not None:
-                    ready.close()
+            for _index, item, ready in ahead:
+                self._drop_ahead(source_url(item, False)[0], ready)
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         return self.run(src)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from ._cachecheck import CorruptCacheFile, Resume
+from ._cacheshare import follow
 from ._cachetiers import DiskTier, MemoryTier, TierCounters
 from ._errors import UsageError, redact_url
 
@@ -55,6 +57,45 @@ class ShardCache:
         if len(set(names)) != len(names) or "origin" in names:
             raise ValueError(f"cache tier names must be unique and not 'origin': {names}")
         self.origin = TierCounters("origin", ORIGIN_FIELDS)
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._ahead: Dict[str, Dict[str, object]] = {}  # claims `prepare` took, for `stream` to use
+
+    def _ahead_claims(self) -> Dict[str, Dict[str, object]]:
+        if self._pid != os.getpid():  # forked: the parent's claims are not ours to use or release
+            self._pid, self._lock, self._ahead = os.getpid(), threading.Lock(), {}
+        return self._ahead
+
+    def prepare(self, url: str) -> bool:
+        """Call before opening an origin stream for `url` ahead of reading it: True when this
+        process is to fetch it (it now holds the shared tiers' claim, which `stream(url)` uses;
+        `release(url)` gives it back if the stream is never read), False when the cache will serve
+        it (a tier holds it, or another process is fetching it now: `stream` follows that write).
+        So processes that start together open one origin stream per shard between them."""
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier):
+                source = tier.lookup(url)
+                if source is not None:
+                    source.close()
+                    return False
+            elif url in tier:
+                return False
+        shared = next((tier for tier in self.tiers if tier.shared), None)
+        if shared is None or shared.writing_here(url):
+            return True  # no shared tier, or a second stream of ours: it bypasses the tier
+        claim = shared.try_claim(url)
+        if claim is None:
+            return False
+        with self._lock:
+            self._ahead_claims()[url] = {shared.name: claim}
+        return True
+
+    def release(self, url: str) -> None:
+        """Give back a claim `prepare(url)` took and no `stream(url)` used (no-op otherwise)."""
+        with self._lock:
+            claims = self._ahead_claims().pop(url, None)
+        if claims:
+            self._release(claims)
 
     def stream(self, url: str, open_origin: OpenOrigin) -> Iterator[bytes]:
         """Yield the bytes of `url` in chunks, from the first tier that has it, else the origin.
@@ -75,10 +116,12 @@ class ShardCache:
                 outcome = yield from self._serve(url, tier, source, above)
                 break
             above.append(tier)
+        if outcome is _MISS:
+            outcome = yield from self._fetch(url, open_origin)
         for _ in range(_REREADS):
             if outcome is None:
                 return
-            outcome = yield from self._claimed(url, open_origin, None if outcome is _MISS else outcome)
+            outcome = yield from self._claimed(url, open_origin, outcome)
         if outcome is not None:  # copy after copy fails: a failing disk, say
             claims: Dict[str, object] = {}
             try:
@@ -88,6 +131,36 @@ class ShardCache:
                 outcome.source.release()  # type: ignore[union-attr]
                 self._release(claims)
             raise outcome
+
+    def _fetch(self, url: str, open_origin: OpenOrigin):
+        """A miss in every tier: take the shared tier's claim without waiting (or use the one
+        `prepare` took) and fetch the shard, or follow the write of the process that holds it.
+        Returns None when done, or the failure of a corrupt committed copy."""
+        with self._lock:
+            claims = self._ahead_claims().pop(url, None) or {}
+        resume = None
+        try:
+            shared = next((tier for tier in self.tiers if tier.shared), None)
+            if shared is not None and shared.name not in claims:
+                claim = None if shared.writing_here(url) else shared.try_claim(url)
+                if claim is not None:
+                    claims[shared.name] = claim
+                elif shared.writing_here(url):
+                    shared.counters.add(bypassed=1)  # ours: following ourselves could deadlock
+                else:
+                    shared.counters.add(followed=1)
+                    end = yield from follow(shared, url)
+                    if end.kind == "committed":  # a hit, read partly while it was being written
+                        return (yield from self._serve(url, shared, end.source, self.tiers[: self.tiers.index(shared)]))
+                    if end.kind == "claimed":
+                        claims[shared.name] = end.claim
+                    else:
+                        shared.counters.add(bypassed=1)
+                    if end.digests:
+                        resume = Resume(len(end.digests) * shared.chunk_size, end.digests, shared.chunk_size, url=url)
+            return (yield from self._claimed(url, open_origin, None, claims=claims, resume=resume))
+        finally:
+            self._release(claims)
 
     def _claim(self, url: str) -> Dict[str, object]:
         """The claims of the shared tiers that grant one (waiting for other processes' downloads)."""
@@ -103,14 +176,20 @@ class ShardCache:
             raise
         return claims
 
-    def _claimed(self, url: str, open_origin: OpenOrigin, failure: Optional[CorruptCacheFile]):
-        """Take the shared tiers' claims, then read a copy committed meanwhile or the origin
-        (written through). After a `failure`, evict the corrupt file first and skip the bytes
-        already delivered. Returns None when done, or the failure of another corrupt copy."""
-        resume = Resume(failure) if failure is not None and failure.bad_offset else None
-        claims: Dict[str, object] = {}
+    def _claimed(
+        self, url: str, open_origin: OpenOrigin, failure: Optional[CorruptCacheFile], *,
+        claims: Optional[Dict[str, object]] = None, resume: Optional[Resume] = None,
+    ):
+        """Take the shared tiers' claims (waiting; unless `claims` were taken), then read a copy
+        committed meanwhile or the origin (written through). After a `failure`, evict the corrupt
+        file first; skip the bytes already delivered (`resume`). Returns None when done, or the
+        failure of another corrupt copy."""
+        if failure is not None and failure.bad_offset:
+            resume = Resume.after(failure)
         try:
-            claims = self._claim(url)
+            if claims is None:
+                claims = {}
+                claims.update(self._claim(url))
             held = failure.source if failure is not None else None
             if held is not None:
                 self._evict(url, failure, held.tier.name in claims)  # type: ignore[arg-type]
@@ -154,7 +233,8 @@ class ShardCache:
         finally:
             if failure is not None:
                 failure.source.release()  # type: ignore[union-attr]
-            self._release(claims)  # after _pump committed: waiters then find the file
+            if claims:
+                self._release(claims)  # after _pump committed: waiters then find the file
 
     def _evict(self, url: str, failure: CorruptCacheFile, claimed: bool) -> None:
         """Evict the corrupt file `failure` names if we may (we hold its URL's claim), and say so."""
@@ -170,13 +250,17 @@ class ShardCache:
             logger.warning("%s; another process already evicted or replaced it, reading %s again",
                            where, redact_url(url))
 
-    def _serve(self, url: str, tier, source, above: Sequence, resume: Optional[Resume] = None):
+    def _serve(
+        self, url: str, tier, source, above: Sequence, resume: Optional[Resume] = None, counted: bool = False,
+    ):
         """Yield a hit's bytes. Returns None when done, or the `CorruptCacheFile` that stopped it."""
-        tier.counters.add(hits=1)
-        for upper in above:
-            upper.counters.add(misses=1)
+        if not counted:
+            tier.counters.add(hits=1)
+            for upper in above:
+                upper.counters.add(misses=1)
         # Fill faster private tiers on the way (shared ones would need a claim: not worth it).
-        writers = [w for w in (t.writer(url, size_hint=source.size) for t in above if not t.shared) if w is not None]
+        writers = [] if getattr(source, "start", 0) else [  # (not from a mid-shard start: the writers need it all)
+            w for w in (t.writer(url, size_hint=source.size) for t in above if not t.shared) if w is not None]
         try:
             yield from self._pump(source, tier.counters, writers, resume)
         except CorruptCacheFile as exn:
@@ -248,23 +332,6 @@ class ShardCache:
             if isinstance(tier, DiskTier):
                 return tier.path_for(url)
         return None
-
-    def will_serve(self, url: str) -> bool:
-        """Whether `stream(url)` will read the shard from the cache rather than fetch it: a tier
-        holds a copy, or another process on the node is fetching it into a shared tier now (the
-        stream waits for that copy). A caller should open no origin stream ahead for such a shard:
-        that would fetch it a second time."""
-        for tier in self.tiers:
-            if isinstance(tier, DiskTier):
-                source = tier.lookup(url)
-                if source is not None:
-                    source.close()
-                    return True
-                if tier.claimed_elsewhere(url):
-                    return True
-            elif url in tier:
-                return True
-        return False
 
     def stats(self) -> Dict[str, Dict[str, int]]:
         """Counters keyed by tier name, plus "origin" (fetches, bytes_served, errors)."""
