@@ -165,6 +165,7 @@ class VerifiedFile:
         self.tier, self.path, self.file, self.record, self.ident, self.url = tier, path, f, record, ident, url
         self.held = False
         self.start = 0  # where iteration begins: a block boundary (`skip_blocks`)
+        self.checked = 0  # bytes checked in place by `check` (a mapped read)
 
     @property
     def size(self) -> int:
@@ -200,6 +201,26 @@ class VerifiedFile:
             offset += want
             index += 1
 
+    def check(self, view, stop: int) -> None:
+        """Check the blocks of a memory map of this file (`view`) up to the one holding byte
+        `stop - 1`, in order, before the caller parses any of them (`_members.mapped_member_batches`).
+
+        Raises CorruptCacheFile at the first bad block (its `bad_offset`: how far the map was good).
+        """
+        size, block_size, crcs = self.record.size, self.record.block_size, self.record.crcs
+        offset = first = self.checked
+        if len(view) != size:
+            raise self.failed(offset, f"the file has {len(view)} bytes, {size} were recorded")
+        try:
+            while offset < stop:
+                end = min(size, offset + block_size)
+                if block_digest(view[offset:end]) != crcs[offset // block_size]:  # type: ignore[index]
+                    raise self.failed(offset, f"digest mismatch in bytes {offset}-{end - 1}")
+                offset = self.checked = end
+        finally:
+            if offset > first:
+                self.tier.counters.add(bytes_served=offset - first)
+
     def failed(self, offset: int, reason: str) -> CorruptCacheFile:
         exn = CorruptCacheFile(
             f"corrupt cache file {self.path}: {reason}", cache_path=self.path, url=self.url, reason=reason,
@@ -233,21 +254,29 @@ class Resume:
 
     def __init__(
         self, delivered: int, digests: Sequence[int], block_size: int, *, url: Optional[str] = None,
-        failure: Optional[CorruptCacheFile] = None,
+        failure: Optional[CorruptCacheFile] = None, keep: bool = False,
     ) -> None:
         self.failure, self.url = failure, url
         self.left = delivered
         self._expected = list(digests[: delivered // block_size])
         self._digest = BlockDigest(block_size)
+        # keep: hand the bytes on instead of dropping them, each block once it is checked (for a
+        # reader that parses the shard again from its start and drops what it delivered itself)
+        self._keep: Optional[List] = [] if keep else None
+        self._block_size = block_size
 
     @classmethod
-    def after(cls, failure: CorruptCacheFile) -> "Resume":
-        """Go on after the blocks of a corrupt cached file that were handed out before its bad one."""
+    def after(cls, failure: CorruptCacheFile, keep: bool = False) -> "Resume":
+        """Go on after the blocks of a corrupt cached file that were checked before its bad one."""
         record = failure.source.record  # type: ignore[union-attr]
-        return cls(failure.bad_offset or 0, record.crcs or (), record.block_size, url=failure.url, failure=failure)
+        return cls(failure.bad_offset or 0, record.crcs or (), record.block_size, url=failure.url, failure=failure,
+                   keep=keep)
 
     def take(self, chunk):
-        """The part of `chunk` past the bytes already delivered (maybe empty)."""
+        """The part of `chunk` to hand on: past the bytes already delivered, or (keep) the blocks
+        of them checked so far (maybe empty)."""
+        if self._keep is not None:
+            return self._take_kept(chunk)
         n = len(chunk)
         if n <= self.left:
             self._digest.update(chunk)
@@ -261,10 +290,31 @@ class Resume:
             self.check_done()
         return rest
 
+    def _take_kept(self, chunk):
+        keep, n = self._keep, len(chunk)
+        head, rest = (chunk, b"") if n <= self.left else (chunk[: self.left], chunk[self.left :])
+        self.left -= len(head)
+        keep.append(head)  # type: ignore[union-attr]
+        checked = len(self._digest.crcs)
+        self._digest.update(head)
+        if len(self._digest.crcs) > checked or not self.left:
+            if not self.left:
+                self.check_done()
+            elif self._digest.crcs != self._expected[: len(self._digest.crcs)]:
+                self._changed()
+            held = b"".join(keep)  # type: ignore[arg-type]
+            cut = len(held) if not self.left else len(held) - self._digest._fill
+            keep[:] = [held[cut:]] if cut < len(held) else []  # type: ignore[index]
+            return held[:cut] + rest if rest else held[:cut]
+        return rest
+
     def check_done(self) -> None:
         """Raise unless exactly the delivered bytes were seen again, unchanged."""
         if not self.left and self._digest.finish() == self._expected:
             return
+        self._changed()
+
+    def _changed(self) -> None:
         failure = self.failure
         if failure is None:
             raise FetchError(

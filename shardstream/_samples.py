@@ -6,6 +6,7 @@ generators). `TarShardSamples` is the pipeline stage that opens each URL and run
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from typing import (
     Any,
@@ -21,11 +22,13 @@ from typing import (
 )
 from urllib.parse import urlparse
 
+from ._cachecheck import CorruptCacheFile
+from ._codecs import MAGIC_BYTES, sniff
 from ._errors import FormatError, ShardStreamError, UsageError
 from ._fetch import ChunkStream, FetchOptions, fetches_natively, open_stream
 from ._index import index_position
 from ._keys import base_plus_ext, is_meta
-from ._members import member_batches
+from ._members import chunk_member_batches, mapped_member_batches, member_batches
 from ._open import iter_chunks, local_path_of
 from ._shardcache import ShardCache
 from ._stages import PipelineStage
@@ -159,6 +162,11 @@ def open_origin(
     return iter_chunks(url, allow_pipe=allow_pipe, start=start)
 
 
+def _uncompressed(fd: int) -> bool:
+    """Whether the open file `fd` does not start like a gzip, bzip2 or xz stream (can be mapped)."""
+    return sniff(os.pread(fd, MAGIC_BYTES, 0))[0] is None
+
+
 def _pulling(stream: ChunkStream) -> bool:
     """A stream still downloading with room in its buffer (it holds a connection busy)."""
     return stream.downloading and stream.buffered_bytes < stream.options.prefetch_bytes
@@ -273,12 +281,46 @@ class TarShardSamples(PipelineStage):
     def batches(
         self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None, info: Optional[Dict[str, Any]] = None
     ) -> Iterator[List[TarMember]]:
-        """The shard's members in batches; local files are memory-mapped (unless an opener is
-        set), everything else (disk-cache hits too: their blocks are checked as they are read)
-        is streamed."""
+        """The shard's members in batches; local files and disk-cache hits are memory-mapped
+        (unless an opener is set; a hit's blocks are checked in the map before they are parsed),
+        everything else is streamed."""
         mappable = local_path_of(url) if self.opener is None else None
+        if mappable is None and self.opener is None and self.cache is not None and not start_offset:
+            hit = self.cache.open_mapped(url, accept=_uncompressed)
+            if hit is not None:
+                return self._mapped_hit(url, hit, info)
         open_chunks = lambda u, s: self.open(u, s, ready)  # noqa: E731
         return member_batches(url, mappable, open_chunks, self.source_stats, start_offset, info)
+
+    def _mapped_hit(self, url: str, hit, info: Optional[Dict[str, Any]]) -> Iterator[List[TarMember]]:
+        """A disk-cache hit parsed in place. A corrupt block stops it before it is parsed; the
+        shard is then parsed again from a fresh copy (`ShardCache.reread`), without the members
+        handed out already."""
+        if info is not None:
+            info["compressed"] = False
+        delivered = 0
+        try:
+            try:
+                for members in mapped_member_batches(
+                    hit.path, url, self.source_stats, fd=hit.file.fileno(), check=hit.check,
+                    window=hit.record.block_size,
+                ):
+                    delivered += len(members)
+                    yield members
+                return
+            except CorruptCacheFile as exn:
+                if exn.source is not hit:
+                    raise
+                failure = exn
+        finally:
+            hit.close()  # (after a failure the file stays open until the re-read has used it)
+        chunks = self.cache.reread(url, self._origin, failure)  # type: ignore[union-attr]
+        for members in chunk_member_batches(chunks, url, self.source_stats, 0, info):
+            if delivered:
+                drop = min(delivered, len(members))
+                delivered -= drop
+                members = members[drop:]
+            yield members
 
     def _shard(
         self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,

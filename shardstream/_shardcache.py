@@ -118,19 +118,55 @@ class ShardCache:
             above.append(tier)
         if outcome is _MISS:
             outcome = yield from self._fetch(url, open_origin)
+        if outcome is not None:
+            yield from self._repair(url, open_origin, outcome)
+
+    def open_mapped(self, url: str, accept: Optional[Callable[[int], bool]] = None):
+        """A disk hit of `url` (a `VerifiedFile`) to parse in place from a memory map, checking
+        each block there before it is parsed (`VerifiedFile.check`), else None (not held, held by
+        a faster tier, or `accept(fd)` says no). Close it when done; after its `CorruptCacheFile`,
+        go on with `reread`."""
+        for index, tier in enumerate(self.tiers):
+            if isinstance(tier, DiskTier):
+                source = tier.lookup(url)
+                fill = any(isinstance(t, MemoryTier) and t.max_bytes >= (source.size if source else 0)
+                           for t in self.tiers[:index])  # (the stream fills faster tiers on the way)
+                if source is not None and (fill or (accept is not None and not accept(source.file.fileno()))):
+                    source.close()
+                    source = None
+                if source is not None:
+                    tier.counters.add(hits=1)
+                    for upper in self.tiers[:index]:
+                        upper.counters.add(misses=1)
+                return source
+            if url in tier:
+                return None
+        return None
+
+    def reread(self, url: str, open_origin: OpenOrigin, failure: CorruptCacheFile) -> Iterator[bytes]:
+        """After `failure` stopped a mapped hit (`open_mapped`): the whole shard again, from byte 0,
+        from a fresh copy (the corrupt file is evicted and fetched again, once per node). The bytes
+        the hit had checked are checked again, block by block, before they are handed on: the shard
+        is the one that was parsed so far, or this raises."""
+        failure.source.tier.counters.add(corrupt=1)  # type: ignore[union-attr]
+        yield from self._repair(url, open_origin, failure, keep=True)
+
+    def _repair(self, url: str, open_origin: OpenOrigin, outcome: CorruptCacheFile, keep: bool = False):
+        """Evict the corrupt copy `outcome` names and stream the shard on from a fresh one."""
         for _ in range(_REREADS):
+            outcome = yield from self._claimed(url, open_origin, outcome, keep=keep)
             if outcome is None:
                 return
-            outcome = yield from self._claimed(url, open_origin, outcome)
-        if outcome is not None:  # copy after copy fails: a failing disk, say
-            claims: Dict[str, object] = {}
-            try:
-                claims = self._claim(url)
-                self._evict(url, outcome, outcome.source.tier.name in claims)  # type: ignore[union-attr]
-            finally:
-                outcome.source.release()  # type: ignore[union-attr]
-                self._release(claims)
-            raise outcome
+            keep = False  # the consumer has read the copy that failed now: drop what it delivered
+        # copy after copy fails: a failing disk, say
+        claims: Dict[str, object] = {}
+        try:
+            claims = self._claim(url)
+            self._evict(url, outcome, outcome.source.tier.name in claims)  # type: ignore[union-attr]
+        finally:
+            outcome.source.release()  # type: ignore[union-attr]
+            self._release(claims)
+        raise outcome
 
     def _fetch(self, url: str, open_origin: OpenOrigin):
         """A miss in every tier: take the shared tier's claim without waiting (or use the one
@@ -178,14 +214,14 @@ class ShardCache:
 
     def _claimed(
         self, url: str, open_origin: OpenOrigin, failure: Optional[CorruptCacheFile], *,
-        claims: Optional[Dict[str, object]] = None, resume: Optional[Resume] = None,
+        claims: Optional[Dict[str, object]] = None, resume: Optional[Resume] = None, keep: bool = False,
     ):
         """Take the shared tiers' claims (waiting; unless `claims` were taken), then read a copy
         committed meanwhile or the origin (written through). After a `failure`, evict the corrupt
         file first; skip the bytes already delivered (`resume`). Returns None when done, or the
         failure of another corrupt copy."""
         if failure is not None and failure.bad_offset:
-            resume = Resume.after(failure)
+            resume = Resume.after(failure, keep=keep)
         try:
             if claims is None:
                 claims = {}

@@ -427,3 +427,35 @@ def test_block_digest_ignores_chunk_boundaries():
             digest.update(data[pos : pos + step])
             pos += step
         assert digest.finish() == expected
+
+
+def test_a_mapped_hit_checks_each_block_before_it_is_parsed_and_rereads_keeping_checked_blocks(tmp_path):
+    data = os.urandom(6 * CHUNK + 100)
+    url = "http://h/a.tar"
+    _tier, cache, path = _filled(tmp_path, data)
+    _corrupt(path, 3 * CHUNK + 9, 1)
+    hit = cache.open_mapped(url)
+    view = memoryview(data)  # a stand-in for the map: the file's bytes, corrupted like the file
+    mapped = bytearray(open(path, "rb").read())
+    hit.check(memoryview(mapped), 3 * CHUNK)  # blocks 0-2 are good
+    with pytest.raises(CorruptCacheFile) as info:
+        hit.check(memoryview(mapped), 3 * CHUNK + 1)  # block 3 is not: nothing of it may be parsed
+    assert info.value.bad_offset == 3 * CHUNK and hit.checked == 3 * CHUNK
+    hit.close()
+    # The re-read hands on the whole shard from byte 0, each of the blocks checked before once
+    # checked again (against the record) before it is handed on.
+    origin = Origin(data)
+    assert b"".join(cache.reread(url, origin, info.value)) == bytes(view)
+    assert origin.fetches == 1 and open(path, "rb").read() == data
+
+    _corrupt(path, 4 * CHUNK, 1)
+    hit = cache.open_mapped(url)
+    with pytest.raises(CorruptCacheFile) as info:
+        hit.check(memoryview(bytearray(open(path, "rb").read())), len(data))
+    hit.close()
+    changed = data[: CHUNK + 5] + bytes([data[CHUNK + 5] ^ 1]) + data[CHUNK + 6 :]  # block 1 differs
+    got = []
+    with pytest.raises(CorruptCacheFile, match="differs"):
+        for chunk in cache.reread(url, Origin(changed), info.value):
+            got.append(chunk)
+    assert b"".join(got) == data[:CHUNK]  # only the block that matched was handed on
