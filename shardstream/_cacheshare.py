@@ -25,11 +25,11 @@ import os
 import struct
 import threading
 import time
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from ._cachecheck import BlockDigest, block_digest
 
-__all__ = ["BlockWriter", "FollowEnd", "follow", "open_progress_log", "progress_log_path"]
+__all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "follow", "open_progress_log", "progress_log_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ _HEADER = struct.Struct(">8sQ")  # magic, block size
 _MAGIC = b"shsums3\n"
 _DIGEST = struct.Struct(">Q")
 MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
+UNSTARTED_WAIT = 1.0  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
 
 
 def progress_log_path(temp: str) -> str:
@@ -135,6 +136,76 @@ class BlockWriter:
         self._thread.join()
 
 
+class DiskWriter:
+    """Writes a shard to a private temp file (from a `BlockWriter` thread, publishing its progress
+    for other processes); `commit` renames it into place, `abort` deletes it."""
+
+    def __init__(self, tier: Any, url: str, temp: str, fd: int, log_fd: Optional[int]) -> None:
+        self.tier, self.url, self.temp = tier, url, temp
+        self.size = 0
+        self.live = True
+        self._fds = [fd] if log_fd is None else [fd, log_fd]
+        self.thread = BlockWriter(fd, log_fd, tier.chunk_size)  # digests from the chunks as they are written
+
+    def write(self, chunk: bytes) -> None:
+        if not self.live:
+            return
+        self.size += len(chunk)
+        if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
+            self.abort()  # can never fit: stop paying for the copy
+            return
+        if not self.thread.put(chunk if type(chunk) is bytes else bytes(chunk)):
+            self._failed(self.thread.error)
+
+    def _failed(self, exn) -> None:  # a full or broken cache disk must not fail the read
+        logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
+        self.tier.counters.add(errors=1)
+        self.abort()
+
+    def _close(self) -> Optional[OSError]:
+        error = None
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError as exn:
+                error = error or exn
+        self._fds = []
+        return error
+
+    def commit(self) -> bool:
+        if not self.live:
+            return False
+        self.live = False
+        digest = self.thread.finish()
+        error = self._close() or self.thread.error
+        if digest is None or error is not None:
+            logger.warning("cache write failed, not caching %s: %s", self.temp, error)
+            self.tier.counters.add(errors=1, discarded=1)
+            _unlink(self.temp)
+            _unlink(progress_log_path(self.temp))
+            return False
+        try:
+            return self.tier._commit(self.url, self.temp, self.size, digest)
+        finally:
+            _unlink(progress_log_path(self.temp))  # after the rename: followers then find the committed file
+
+    def abort(self) -> None:
+        if self.live:
+            self.live = False
+            self.thread.cancel()
+            self._close()
+            _unlink(self.temp)
+            _unlink(progress_log_path(self.temp))
+            self.tier.counters.add(discarded=1)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class FollowEnd(NamedTuple):
     """How following a write ended. kind: "committed" (`source` is the committed file, already set
     to go on after the delivered blocks), "claimed" (`claim`: the writer is gone, fetch it
@@ -161,9 +232,15 @@ def _live_logs(tier, url: str) -> List[Tuple[float, str]]:
     return sorted(found, reverse=True)
 
 
-def follow(tier, url: str):
+def follow(tier, url: str, on_stuck: Optional[Callable[[], None]] = None):
     """Yield `url`'s blocks from another process's write in progress (each checked against the
     digest that process published), then from the committed file. Returns a `FollowEnd`.
+
+    A claim taken ahead of reading (`ShardCache.prepare`) has no write yet until its holder's
+    reader gets to it; two processes reading in different orders could each wait for such a claim
+    of the other's. So after UNSTARTED_WAIT seconds on a write that has not begun, `on_stuck()` is
+    called once: it gives back this process's own claims that have not begun either, which lets
+    the other process take them and go on (and may let us take this one).
 
     Raises FetchError when a copy disagrees with the blocks already handed out (the shard changed).
     """
@@ -173,6 +250,7 @@ def follow(tier, url: str):
     block_size = tier.chunk_size
     started = last_progress = time.monotonic()
     poll = min(tier.poll_interval, 0.01)
+    unstarted_since: Optional[float] = None
     while True:
         source = tier.lookup(url)
         if source is not None:
@@ -184,12 +262,20 @@ def follow(tier, url: str):
         claim = tier.try_claim(url)
         if claim is not None:
             return FollowEnd("claimed", digests, claim=claim)
-        for _mtime, log in _live_logs(tier, url)[:1]:
+        logs = _live_logs(tier, url)[:1]
+        for _mtime, log in logs:
             before = len(digests)
             yield from _tail(log, digests, block_size, tier, url)
             if len(digests) > before:
                 last_progress = time.monotonic()
         now = time.monotonic()
+        if logs:
+            unstarted_since = None
+        elif unstarted_since is None:
+            unstarted_since = now
+        elif on_stuck is not None and now - unstarted_since >= UNSTARTED_WAIT:
+            on_stuck()
+            on_stuck = None
         if (tier.stall_timeout is not None and now - last_progress >= tier.stall_timeout) or (
             now - started >= tier.lock_timeout
         ):

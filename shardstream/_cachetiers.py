@@ -3,8 +3,8 @@
 Each tier is a small named strategy with thread-safe counters (the fsspec `caching.py` habit).
 A tier answers `lookup(url)` with a source of byte chunks or None, and hands out `writer(url)`s
 that are committed only when a shard arrived whole. Node-shared tiers (`shared = True`) also
-hand out `claim(url)`s: a per-URL lock across processes, so one process downloads a shard while
-the others wait for it. `ShardCache` (in `_shardcache`) searches tiers in order and streams
+hand out claims (`try_claim(url)`, `claim(url)`): a per-URL lock across processes, so one process
+downloads a shard while the others follow its write (`_cacheshare`). `ShardCache` (in `_shardcache`) searches tiers in order and streams
 misses through them; the tiers never decide what to fetch.
 
 Disk layout of a `DiskTier` (one directory, so every rename is atomic):
@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 from filelock import FileLock, Timeout
 
 from ._cachecheck import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
-from ._cacheshare import BlockWriter, open_progress_log, progress_log_path
+from ._cacheshare import DiskWriter, open_progress_log
 
 __all__ = ["DiskTier", "MemoryTier", "TierCounters", "cache_file_name"]
 
@@ -258,69 +258,6 @@ class MemoryTier:
         self.__init__(state["max_bytes"], name=state["name"])
 
 
-class _DiskWriter:
-    """Writes a shard to a private temp file (from a `BlockWriter` thread, publishing its progress
-    for other processes); `commit` renames it into place, `abort` deletes it."""
-
-    def __init__(self, tier: "DiskTier", url: str, temp: str, fd: int, log_fd: Optional[int]) -> None:
-        self.tier, self.url, self.temp = tier, url, temp
-        self.size = 0
-        self.live = True
-        self._fds = [fd] if log_fd is None else [fd, log_fd]
-        self.thread = BlockWriter(fd, log_fd, tier.chunk_size)  # digests from the chunks as they are written
-
-    def write(self, chunk: bytes) -> None:
-        if not self.live:
-            return
-        self.size += len(chunk)
-        if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
-            self.abort()  # can never fit: stop paying for the copy
-            return
-        if not self.thread.put(chunk if type(chunk) is bytes else bytes(chunk)):
-            self._failed(self.thread.error)
-
-    def _failed(self, exn) -> None:  # a full or broken cache disk must not fail the read
-        logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
-        self.tier.counters.add(errors=1)
-        self.abort()
-
-    def _close(self) -> Optional[OSError]:
-        error = None
-        for fd in self._fds:
-            try:
-                os.close(fd)
-            except OSError as exn:
-                error = error or exn
-        self._fds = []
-        return error
-
-    def commit(self) -> bool:
-        if not self.live:
-            return False
-        self.live = False
-        digest = self.thread.finish()
-        error = self._close() or self.thread.error
-        if digest is None or error is not None:
-            logger.warning("cache write failed, not caching %s: %s", self.temp, error)
-            self.tier.counters.add(errors=1, discarded=1)
-            _unlink(self.temp)
-            _unlink(progress_log_path(self.temp))
-            return False
-        try:
-            return self.tier._commit(self.url, self.temp, self.size, digest)
-        finally:
-            _unlink(progress_log_path(self.temp))  # after the rename: followers then find the committed file
-
-    def abort(self) -> None:
-        if self.live:
-            self.live = False
-            self.thread.cancel()
-            self._close()
-            _unlink(self.temp)
-            _unlink(progress_log_path(self.temp))
-            self.tier.counters.add(discarded=1)
-
-
 class _Claim:
     """The right to fetch one URL into a disk tier; `release` lets waiting processes in."""
 
@@ -341,12 +278,13 @@ class DiskTier:
         cache_dir: the directory (created if missing); the cache owns every file in it.
         max_bytes: bound on committed bytes, kept by LRU eviction (by mtime; hits touch); None
             for no bound. A shard larger than the bound is streamed but never kept.
-        lock_timeout: longest wait for another process's download of the same URL, in seconds;
-            after it the shard is streamed from the origin without caching.
-        stall_timeout: give up waiting sooner when the other process's temp file has not grown
-            for this long (a stuck holder, e.g. a training loop waiting on us); None disables.
-        chunk_size: the block size of the CRC-32s recorded for new files, and so the read size
-            when serving hits (every block is checked before it is handed out).
+        lock_timeout: longest wait for another process's download of the same URL (following its
+            write, or waiting for its claim after a corrupt file), in seconds; after it the shard
+            is streamed from the origin without caching.
+        stall_timeout: give up sooner when the other process's write has made no progress for
+            this long (a stuck holder, e.g. a training loop waiting on us); None disables.
+        chunk_size: the block size of the digests recorded for new files (and published while
+            they are written), and so the step in which hits are checked and parsed.
     """
 
     shared = True
@@ -564,7 +502,7 @@ class DiskTier:
                 pass
         return sorted(seen)
 
-    def writer(self, url: str, size_hint: Optional[int] = None, *, shared: bool = True) -> Optional[_DiskWriter]:
+    def writer(self, url: str, size_hint: Optional[int] = None, *, shared: bool = True) -> Optional[DiskWriter]:
         """A temp-file writer for `url` (call while holding `claim(url)`), or None. `shared`: publish
         its progress, so that other processes can follow the write."""
         if self.max_bytes is not None and size_hint is not None and size_hint > self.max_bytes:
@@ -587,7 +525,7 @@ class DiskTier:
                 os.close(fd)
                 _unlink(temp)
             return None
-        return _DiskWriter(self, url, temp, fd, log_fd)
+        return DiskWriter(self, url, temp, fd, log_fd)
 
     def _commit(self, url: str, temp: str, size: int, digest: BlockDigest) -> bool:
         path = self.path_for(url)

@@ -97,6 +97,18 @@ class ShardCache:
         if claims:
             self._release(claims)
 
+    def _release_unstarted(self) -> None:
+        """Give back every claim `prepare` took whose stream has not begun (see `follow`)."""
+        with self._lock:
+            ahead = self._ahead_claims()
+            held, ahead_copy = list(ahead.values()), dict(ahead)
+            ahead.clear()
+        if ahead_copy:
+            logger.info("waiting for another process's download that has not begun: giving back the claims of %d "
+                        "shards this process has not begun to read either", len(ahead_copy))
+        for claims in held:
+            self._release(claims)
+
     def stream(self, url: str, open_origin: OpenOrigin) -> Iterator[bytes]:
         """Yield the bytes of `url` in chunks, from the first tier that has it, else the origin.
 
@@ -185,7 +197,7 @@ class ShardCache:
                     shared.counters.add(bypassed=1)  # ours: following ourselves could deadlock
                 else:
                     shared.counters.add(followed=1)
-                    end = yield from follow(shared, url)
+                    end = yield from follow(shared, url, on_stuck=self._release_unstarted)
                     if end.kind == "committed":  # a hit, read partly while it was being written
                         return (yield from self._serve(url, shared, end.source, self.tiers[: self.tiers.index(shared)]))
                     if end.kind == "claimed":

@@ -170,3 +170,54 @@ def test_a_writer_killed_mid_shard_is_taken_over(server, files, tmp_path):
     for name, url in zip(names, urls):
         with open(os.path.join(cache_dir, cache_file_name(url)), "rb") as f:
             assert f.read() == files[1][name]
+
+
+# --- two processes that read in different orders -----------------------------------------------
+
+
+def _data(url: str) -> bytes:
+    return random.Random(url).randbytes(3 << 20)
+
+
+def _origin(url: str):
+    data = _data(url)
+    for i in range(0, len(data), 64 << 10):
+        yield data[i : i + (64 << 10)]
+
+
+def _crossed(cache_dir, ahead, first, barrier, out_path):
+    from shardstream._cachetiers import DiskTier
+    from shardstream._shardcache import ShardCache
+
+    cache = ShardCache([DiskTier(cache_dir, None, stall_timeout=60, lock_timeout=60)])
+    assert cache.prepare(ahead)  # claimed ahead of reading, as a reader with shards in flight does
+    barrier.wait(30)
+    start = time.monotonic()
+    got = {url: hashlib.sha256(b"".join(cache.stream(url, _origin))).hexdigest() for url in (first, ahead)}
+    with open(out_path, "w") as f:
+        json.dump({"digests": got, "seconds": time.monotonic() - start, "stats": cache.stats()}, f)
+
+
+def test_processes_reading_in_crossed_orders_do_not_wait_on_each_others_claims(tmp_path):
+    """A claimed W ahead and reads X first; B claimed X ahead and reads W first: each waits for a
+    write the other has not begun. Each gives its unstarted claims back after a second, so both go
+    on at once instead of waiting out the stall timeout (60 s here)."""
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir)
+    w, x = "http://h/w.tar", "http://h/x.tar"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    outs = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    procs = [ctx.Process(target=_crossed, args=(cache_dir, w, x, barrier, outs[0])),
+             ctx.Process(target=_crossed, args=(cache_dir, x, w, barrier, outs[1]))]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(90)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    results = [json.load(open(out)) for out in outs]
+    expected = {u: hashlib.sha256(_data(u)).hexdigest() for u in (w, x)}
+    assert all(r["digests"] == expected for r in results)
+    assert all(r["seconds"] < 20 for r in results), [r["seconds"] for r in results]
+    assert sum(r["stats"]["origin"]["fetches"] for r in results) == 2  # still one download per shard
+    assert _leftovers(cache_dir) == []
