@@ -254,7 +254,7 @@ def follow(tier, url: str, on_stuck: Optional[Callable[[], None]] = None):
     while True:
         source = tier.lookup(url)
         if source is not None:
-            if not source.skip_blocks(digests) or source.record.block_size != block_size:
+            if digests and (source.record.block_size != block_size or not source.skip_blocks(digests)):
                 source.close()
                 raise FetchError("the committed cache file differs from the bytes already delivered from its write in "
                                  "progress (did the shard change at the origin?)", url=url)

@@ -62,7 +62,8 @@ class ShardCache:
         self._ahead: Dict[str, Dict[str, object]] = {}  # claims `prepare` took, for `stream` to use
 
     def _ahead_claims(self) -> Dict[str, Dict[str, object]]:
-        if self._pid != os.getpid():  # forked: the parent's claims are not ours to use or release
+        """The claims `prepare` took (hold `self._lock` to use them)."""
+        if self._pid != os.getpid():  # forked: the parent's claims (and lock) are not ours
             self._pid, self._lock, self._ahead = os.getpid(), threading.Lock(), {}
         return self._ahead
 
@@ -86,21 +87,23 @@ class ShardCache:
         claim = shared.try_claim(url)
         if claim is None:
             return False
+        ahead = self._ahead_claims()
         with self._lock:
-            self._ahead_claims()[url] = {shared.name: claim}
+            ahead[url] = {shared.name: claim}
         return True
 
     def release(self, url: str) -> None:
         """Give back a claim `prepare(url)` took and no `stream(url)` used (no-op otherwise)."""
+        ahead = self._ahead_claims()
         with self._lock:
-            claims = self._ahead_claims().pop(url, None)
+            claims = ahead.pop(url, None)
         if claims:
             self._release(claims)
 
     def _release_unstarted(self) -> None:
         """Give back every claim `prepare` took whose stream has not begun (see `follow`)."""
+        ahead = self._ahead_claims()
         with self._lock:
-            ahead = self._ahead_claims()
             held, ahead_copy = list(ahead.values()), dict(ahead)
             ahead.clear()
         if ahead_copy:
@@ -184,8 +187,9 @@ class ShardCache:
         """A miss in every tier: take the shared tier's claim without waiting (or use the one
         `prepare` took) and fetch the shard, or follow the write of the process that holds it.
         Returns None when done, or the failure of a corrupt committed copy."""
+        ahead = self._ahead_claims()
         with self._lock:
-            claims = self._ahead_claims().pop(url, None) or {}
+            claims = ahead.pop(url, None) or {}
         resume = None
         try:
             shared = next((tier for tier in self.tiers if tier.shared), None)
