@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 _HEADER = struct.Struct(">8sQ")  # magic, block size
 _MAGIC = b"shsums3\n"
 _DIGEST = struct.Struct(">Q")
+_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
 UNSTARTED_WAIT = 1.0  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
 
@@ -56,10 +57,17 @@ def open_progress_log(temp: str, block_size: int) -> int:
     return fd
 
 
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_chunks(fd: int, chunks: List, nbytes: int) -> None:
+    """Write `chunks` (`nbytes` in all) in order: one writev while it writes them whole."""
+    for start in range(0, len(chunks), _IOV_MAX):
+        group = chunks[start : start + _IOV_MAX]
+        size = nbytes if len(group) == len(chunks) else sum(len(chunk) for chunk in group)
+        done = os.writev(fd, group)
+        if done == size:
+            continue
+        view = memoryview(b"".join(group))[done:]  # a short write (a full disk, a signal): the rest in a loop
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 class BlockWriter:
@@ -105,10 +113,13 @@ class BlockWriter:
                     cond.wait()
                 if self._cancelled or not self._queue:
                     return
-                chunk = self._queue.popleft()
+                batch = list(self._queue)  # everything queued: one writev, one wake-up
+                self._queue.clear()
+            nbytes = sum(len(chunk) for chunk in batch)
             try:
-                _write_all(self.fd, chunk)
-                self.digest.update(chunk)  # after the write: a published digest covers bytes on disk
+                _write_chunks(self.fd, batch, nbytes)
+                for chunk in batch:
+                    self.digest.update(chunk)  # after the write: a published digest covers bytes on disk
             except OSError as exn:
                 with cond:
                     self.error = exn
@@ -117,7 +128,7 @@ class BlockWriter:
                     cond.notify_all()
                 return
             with cond:
-                self._queued -= len(chunk)
+                self._queued -= nbytes
                 cond.notify_all()
 
     def finish(self) -> Optional[BlockDigest]:
