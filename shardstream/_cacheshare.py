@@ -38,7 +38,9 @@ _MAGIC = b"shsums3\n"
 _DIGEST = struct.Struct(">Q")
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
-UNSTARTED_WAIT = 1.0  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
+WRITE_STALL = 60.0  # seconds the writer thread may take no data before the write is given up
+UNSTARTED_WAIT = 1.0
+_RECHECK = 1.0  # a follower without news for this long looks at its deadlines again  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
 
 
 def progress_log_path(temp: str) -> str:
@@ -91,10 +93,16 @@ class BlockWriter:
         self._thread.start()
 
     def put(self, chunk) -> bool:
-        """Queue `chunk` (an immutable bytes-like object) for writing; False once writing failed."""
+        """Queue `chunk` (an immutable bytes-like object) for writing; False once writing failed
+        (or has not moved for WRITE_STALL seconds: a hung cache disk must not hang the read)."""
         with self._cond:
+            queued, since = self._queued, time.monotonic()
             while self._queued >= MAX_QUEUED and self.error is None:
-                self._cond.wait(1.0)  # the thread frees room as it writes (each write is bounded)
+                self._cond.wait(1.0)  # the thread frees room as it writes
+                if self._queued != queued:
+                    queued, since = self._queued, time.monotonic()
+                elif time.monotonic() - since >= WRITE_STALL:
+                    self.error = TimeoutError(f"the cache disk took no data for {WRITE_STALL:g} s")
             if self.error is not None:
                 return False
             self._queue.append(chunk)
@@ -135,8 +143,15 @@ class BlockWriter:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join()
+        self._thread.join(WRITE_STALL)
+        if self.alive and self.error is None:
+            self.error = TimeoutError(f"the cache disk took no data for {WRITE_STALL:g} s")
         return None if self.error is not None else self.digest
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still runs (only after a write hung in the kernel past WRITE_STALL)."""
+        return self._thread.is_alive()
 
     def cancel(self) -> None:
         with self._cond:
@@ -144,7 +159,7 @@ class BlockWriter:
             self._queue.clear()
             self._queued = 0
             self._cond.notify_all()
-        self._thread.join()
+        self._thread.join(WRITE_STALL)  # (a write hung in the kernel: the daemon thread is left to it)
 
 
 class DiskWriter:
@@ -175,6 +190,9 @@ class DiskWriter:
 
     def _close(self) -> Optional[OSError]:
         error = None
+        if self.thread.alive:  # hung in a write: closing its fd could let the number be reused under it
+            self._fds = []
+            return None
         for fd in self._fds:
             try:
                 os.close(fd)
@@ -343,8 +361,8 @@ def _tail(log: str, digests: List[int], block_size: int, tier, url: str):
                 continue
             if not os.path.exists(temp) or tier.claim_free(url):
                 return  # committed, abandoned or killed: the caller looks which
-            if tier.stall_timeout is not None and time.monotonic() - last >= tier.stall_timeout:
-                return
+            if time.monotonic() - last >= min(_RECHECK, tier.stall_timeout or _RECHECK):
+                return  # the caller checks its deadlines (and for a newer write) and comes back
             time.sleep(poll)
     finally:
         os.close(log_fd)

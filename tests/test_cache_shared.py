@@ -221,3 +221,46 @@ def test_processes_reading_in_crossed_orders_do_not_wait_on_each_others_claims(t
     assert all(r["seconds"] < 20 for r in results), [r["seconds"] for r in results]
     assert sum(r["stats"]["origin"]["fetches"] for r in results) == 2  # still one download per shard
     assert _leftovers(cache_dir) == []
+
+
+def _stuck_writer(cache_dir, url, block_size):
+    from shardstream._cachetiers import DiskTier
+    from shardstream._shardcache import ShardCache
+
+    def origin(u):
+        data = _data(u)
+        yield data[: 2 * block_size]  # two blocks, then nothing: a holder whose reader stopped
+        time.sleep(60)
+        yield data[2 * block_size :]
+
+    for _ in ShardCache([DiskTier(cache_dir, None, chunk_size=block_size)]).stream(url, origin):
+        pass
+
+
+def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
+    from shardstream._cachetiers import DiskTier
+    from shardstream._shardcache import ShardCache
+
+    cache_dir, url, block = str(tmp_path / "cache"), "http://h/s.tar", 1 << 20
+    os.makedirs(cache_dir)
+    holder = multiprocessing.get_context("fork").Process(target=_stuck_writer, args=(cache_dir, url, block))
+    holder.start()
+    try:
+        _wait_for(lambda: any(os.path.getsize(p) >= 16 + 2 * 8 for p in glob.glob(f"{cache_dir}/.*.sums.tmp")),
+                  "the holder to publish two blocks")
+        cache = ShardCache([DiskTier(cache_dir, None, chunk_size=block, stall_timeout=1.0)])
+        fetched = []
+
+        def origin(u):
+            fetched.append(u)
+            return _origin(u)
+
+        start = time.monotonic()
+        assert b"".join(cache.stream(url, origin)) == _data(url)  # two blocks followed, the rest fetched
+        assert time.monotonic() - start < 10 and fetched == [url]
+        disk = cache.stats()["disk"]
+        assert disk["followed"] == 1 and disk["bypassed"] == 1 and disk["bytes_served"] == 2 * block
+        assert not os.path.exists(cache.tiers[0].path_for(url))  # the holder's claim stays its own
+    finally:
+        holder.kill()
+        holder.join(10)
