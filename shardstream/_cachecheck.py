@@ -36,7 +36,7 @@ __all__ = [
 # trusted now: their files are fetched again.
 RECORD_FORMAT = 3
 DIGEST_NAME = "xxh3_64"
-block_digest: Callable[[object], int] = xxhash.xxh3_64_intdigest  # the digest of one whole block
+block_digest: Callable[..., int] = xxhash.xxh3_64_intdigest  # the digest of one whole block
 
 
 class ShardRecord(NamedTuple):

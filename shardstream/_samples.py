@@ -22,7 +22,7 @@ from typing import (
 )
 from urllib.parse import urlparse
 
-from ._cachecheck import CorruptCacheFile
+from ._cachecheck import CorruptCacheFile, VerifiedFile
 from ._codecs import MAGIC_BYTES, sniff
 from ._errors import FormatError, ShardStreamError, UsageError
 from ._fetch import ChunkStream, FetchOptions, fetches_natively, open_stream
@@ -292,7 +292,7 @@ class TarShardSamples(PipelineStage):
         open_chunks = lambda u, s: self.open(u, s, ready)  # noqa: E731
         return member_batches(url, mappable, open_chunks, self.source_stats, start_offset, info)
 
-    def _mapped_hit(self, url: str, hit, info: Optional[Dict[str, Any]]) -> Iterator[List[TarMember]]:
+    def _mapped_hit(self, url: str, hit: VerifiedFile, info: Optional[Dict[str, Any]]) -> Iterator[List[TarMember]]:
         """A disk-cache hit parsed in place. A corrupt block stops it before it is parsed; the
         shard is then parsed again from a fresh copy (`ShardCache.reread`), without the members
         handed out already."""

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
-from ._cachecheck import CorruptCacheFile, Resume
+from ._cachecheck import CorruptCacheFile, Resume, VerifiedFile
+from ._cacheclaims import ClaimsAhead, release_claims
 from ._cacheshare import follow
 from ._cachetiers import DiskTier, MemoryTier, TierCounters
 from ._errors import UsageError, redact_url
@@ -44,7 +44,7 @@ def _close(obj) -> None:
         close()
 
 
-class ShardCache:
+class ShardCache(ClaimsAhead):
     """Tiers searched in order (typically `MemoryTier`, then `DiskTier`), then the origin.
 
     Thread-safe; one instance may serve many shards at once. `stats()` reports every tier's
@@ -57,60 +57,7 @@ class ShardCache:
         if len(set(names)) != len(names) or "origin" in names:
             raise ValueError(f"cache tier names must be unique and not 'origin': {names}")
         self.origin = TierCounters("origin", ORIGIN_FIELDS)
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._ahead: Dict[str, Dict[str, object]] = {}  # claims `prepare` took, for `stream` to use
-
-    def _ahead_claims(self) -> Dict[str, Dict[str, object]]:
-        """The claims `prepare` took (hold `self._lock` to use them)."""
-        if self._pid != os.getpid():  # forked: the parent's claims (and lock) are not ours
-            self._pid, self._lock, self._ahead = os.getpid(), threading.Lock(), {}
-        return self._ahead
-
-    def prepare(self, url: str) -> bool:
-        """Call before opening an origin stream for `url` ahead of reading it: True when this
-        process is to fetch it (it now holds the shared tiers' claim, which `stream(url)` uses;
-        `release(url)` gives it back if the stream is never read), False when the cache will serve
-        it (a tier holds it, or another process is fetching it now: `stream` follows that write).
-        So processes that start together open one origin stream per shard between them."""
-        for tier in self.tiers:
-            if isinstance(tier, DiskTier):
-                source = tier.lookup(url)
-                if source is not None:
-                    source.close()
-                    return False
-            elif url in tier:
-                return False
-        shared = next((tier for tier in self.tiers if tier.shared), None)
-        if shared is None or shared.writing_here(url):
-            return True  # no shared tier, or a second stream of ours: it bypasses the tier
-        claim = shared.try_claim(url)
-        if claim is None:
-            return False
-        ahead = self._ahead_claims()
-        with self._lock:
-            ahead[url] = {shared.name: claim}
-        return True
-
-    def release(self, url: str) -> None:
-        """Give back a claim `prepare(url)` took and no `stream(url)` used (no-op otherwise)."""
-        ahead = self._ahead_claims()
-        with self._lock:
-            claims = ahead.pop(url, None)
-        if claims:
-            self._release(claims)
-
-    def _release_unstarted(self) -> None:
-        """Give back every claim `prepare` took whose stream has not begun (see `follow`)."""
-        ahead = self._ahead_claims()
-        with self._lock:
-            held, ahead_copy = list(ahead.values()), dict(ahead)
-            ahead.clear()
-        if ahead_copy:
-            logger.info("waiting for another process's download that has not begun: giving back the claims of %d "
-                        "shards this process has not begun to read either", len(ahead_copy))
-        for claims in held:
-            self._release(claims)
+        self._init_claims()
 
     def stream(self, url: str, open_origin: OpenOrigin) -> Iterator[bytes]:
         """Yield the bytes of `url` in chunks, from the first tier that has it, else the origin.
@@ -134,9 +81,9 @@ class ShardCache:
         if outcome is _MISS:
             outcome = yield from self._fetch(url, open_origin)
         if outcome is not None:
-            yield from self._repair(url, open_origin, outcome)
+            yield from self._repair(url, open_origin, outcome)  # type: ignore[arg-type]
 
-    def open_mapped(self, url: str, accept: Optional[Callable[[int], bool]] = None):
+    def open_mapped(self, url: str, accept: Optional[Callable[[int], bool]] = None) -> Optional[VerifiedFile]:
         """A disk hit of `url` (a `VerifiedFile`) to parse in place from a memory map, checking
         each block there before it is parsed (`VerifiedFile.check`), else None (not held, held by
         a faster tier, or `accept(fd)` says no). Close it when done; after its `CorruptCacheFile`,
@@ -187,9 +134,7 @@ class ShardCache:
         """A miss in every tier: take the shared tier's claim without waiting (or use the one
         `prepare` took) and fetch the shard, or follow the write of the process that holds it.
         Returns None when done, or the failure of a corrupt committed copy."""
-        ahead = self._ahead_claims()
-        with self._lock:
-            claims = ahead.pop(url, None) or {}
+        claims = self._take_ahead(url)
         resume = None
         try:
             shared = next((tier for tier in self.tiers if tier.shared), None)
@@ -302,14 +247,11 @@ class ShardCache:
             logger.warning("%s; another process already evicted or replaced it, reading %s again",
                            where, redact_url(url))
 
-    def _serve(
-        self, url: str, tier, source, above: Sequence, resume: Optional[Resume] = None, counted: bool = False,
-    ):
+    def _serve(self, url: str, tier, source, above: Sequence, resume: Optional[Resume] = None):
         """Yield a hit's bytes. Returns None when done, or the `CorruptCacheFile` that stopped it."""
-        if not counted:
-            tier.counters.add(hits=1)
-            for upper in above:
-                upper.counters.add(misses=1)
+        tier.counters.add(hits=1)
+        for upper in above:
+            upper.counters.add(misses=1)
         # Fill faster private tiers on the way (shared ones would need a claim: not worth it).
         writers = [] if getattr(source, "start", 0) else [  # (not from a mid-shard start: the writers need it all)
             w for w in (t.writer(url, size_hint=source.size) for t in above if not t.shared) if w is not None]
@@ -355,12 +297,6 @@ class ShardCache:
             if iterator is not chunks:
                 _close(iterator)
             _close(chunks)
-
-    @staticmethod
-    def _release(claims: Dict[str, object]) -> None:
-        while claims:
-            _, claim = claims.popitem()
-            claim.release()
 
     def local_path(self, url: str) -> Optional[str]:
         """The path of a committed copy of `url` in a disk tier (with a record of its size and
