@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from ._cachecheck import BlockDigest, block_digest
+from ._errors import FetchError
 
 __all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "follow", "open_progress_log", "progress_log_path"]
 
@@ -273,8 +274,6 @@ def follow(tier, url: str, on_stuck: Optional[Callable[[], None]] = None):
 
     Raises FetchError when a copy disagrees with the blocks already handed out (the shard changed).
     """
-    from ._errors import FetchError
-
     digests: List[int] = []
     block_size = tier.chunk_size
     started = last_progress = time.monotonic()
@@ -318,8 +317,6 @@ def _tail(log: str, digests: List[int], block_size: int, tier, url: str):
     """Yield the blocks of the temp file beside `log` that are not handed out yet, as the log
     publishes them; return when the write ends (the temp file is gone, or the claim is free), stalls
     or fails a check."""
-    from ._errors import FetchError
-
     temp = log[: -len(".sums.tmp")] + ".tmp"
     try:
         log_fd = os.open(log, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
