@@ -20,6 +20,7 @@ import warnings
 import zlib
 
 import pytest
+import xxhash
 
 import shardstream as wds
 from shardstream._cache.check import BlockDigest, CorruptCacheFile
@@ -279,12 +280,12 @@ def _filled(tmp_path, data, url="http://h/a.tar", **kw):
     return tier, cache, tier.path_for(url)
 
 
-def test_the_record_holds_a_crc_per_block(tmp_path):
+def test_the_record_holds_a_digest_per_block(tmp_path):
     data = os.urandom(5 * CHUNK + 123)
     tier, _, path = _filled(tmp_path, data)
     record = tier.record("http://h/a.tar")
     assert record.size == len(data) and record.block_size == CHUNK
-    assert list(record.crcs) == [zlib.crc32(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK)]
+    assert list(record.crcs) == [xxhash.xxh3_64_intdigest(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK)]
 
 
 def test_hits_are_checked_block_by_block_before_they_are_handed_out(tmp_path):
@@ -375,12 +376,17 @@ def test_a_failing_origin_after_a_corrupt_file_names_the_cache_file(tmp_path):
     assert not os.path.exists(path) and cache.stats()["origin"]["errors"] == 1
 
 
-def test_a_file_without_a_digest_is_fetched_again(tmp_path, caplog):
+@pytest.mark.parametrize("old", ["size only", "crc32"])
+def test_a_file_without_a_digest_is_fetched_again(tmp_path, caplog, old):
     data = os.urandom(2 * CHUNK)
     tier, cache, path = _filled(tmp_path, data)
     meta = tier._meta_path(path)
-    with open(meta, "w") as f:  # what the previous version wrote: the size only
-        json.dump({"size": len(data), "url_sha256": hashlib.sha256(b"http://h/a.tar").hexdigest()}, f)
+    record = {"size": len(data), "url_sha256": hashlib.sha256(b"http://h/a.tar").hexdigest()}
+    if old == "crc32":  # format 2: a CRC-32 per block, right for the file but no longer trusted
+        crcs = [zlib.crc32(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK)]
+        record.update(format=2, block_size=CHUNK, crc32=b"".join(c.to_bytes(4, "big") for c in crcs).hex())
+    with open(meta, "w") as f:  # what an earlier version wrote
+        json.dump(record, f)
     assert tier.lookup("http://h/a.tar") is None and cache.local_path("http://h/a.tar") is None
     origin = Origin(data)
     with caplog.at_level(logging.INFO, logger="shardstream"):
@@ -413,7 +419,7 @@ def test_without_the_claim_a_corrupt_file_is_not_evicted_but_never_served(tmp_pa
 def test_block_digest_ignores_chunk_boundaries():
     rng = random.Random(0)
     data = rng.randbytes(10 * 1000 + 17)
-    expected = [zlib.crc32(data[i : i + 1000]) for i in range(0, len(data), 1000)]
+    expected = [xxhash.xxh3_64_intdigest(data[i : i + 1000]) for i in range(0, len(data), 1000)]
     for _ in range(50):
         digest, pos = BlockDigest(1000), 0
         while pos < len(data):
@@ -421,3 +427,35 @@ def test_block_digest_ignores_chunk_boundaries():
             digest.update(data[pos : pos + step])
             pos += step
         assert digest.finish() == expected
+
+
+def test_a_mapped_hit_checks_each_block_before_it_is_parsed_and_rereads_keeping_checked_blocks(tmp_path):
+    data = os.urandom(6 * CHUNK + 100)
+    url = "http://h/a.tar"
+    _tier, cache, path = _filled(tmp_path, data)
+    _corrupt(path, 3 * CHUNK + 9, 1)
+    hit = cache.open_mapped(url)
+    view = memoryview(data)  # a stand-in for the map: the file's bytes, corrupted like the file
+    mapped = bytearray(open(path, "rb").read())
+    hit.check(memoryview(mapped), 3 * CHUNK)  # blocks 0-2 are good
+    with pytest.raises(CorruptCacheFile) as info:
+        hit.check(memoryview(mapped), 3 * CHUNK + 1)  # block 3 is not: nothing of it may be parsed
+    assert info.value.bad_offset == 3 * CHUNK and hit.checked == 3 * CHUNK
+    hit.close()
+    # The re-read hands on the whole shard from byte 0, each of the blocks checked before once
+    # checked again (against the record) before it is handed on.
+    origin = Origin(data)
+    assert b"".join(cache.reread(url, origin, info.value)) == bytes(view)
+    assert origin.fetches == 1 and open(path, "rb").read() == data
+
+    _corrupt(path, 4 * CHUNK, 1)
+    hit = cache.open_mapped(url)
+    with pytest.raises(CorruptCacheFile) as info:
+        hit.check(memoryview(bytearray(open(path, "rb").read())), len(data))
+    hit.close()
+    changed = data[: CHUNK + 5] + bytes([data[CHUNK + 5] ^ 1]) + data[CHUNK + 6 :]  # block 1 differs
+    got = []
+    with pytest.raises(CorruptCacheFile, match="differs"):
+        for chunk in cache.reread(url, Origin(changed), info.value):
+            got.append(chunk)
+    assert b"".join(got) == data[:CHUNK]  # only the block that matched was handed on

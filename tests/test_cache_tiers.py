@@ -157,7 +157,7 @@ def test_disk_commit_is_atomic(tmp_path):
     writer.write(b"half")
     # While a write is in progress only a hidden temp file exists: nothing can be served.
     assert tier.lookup(url) is None and not os.path.exists(tier.path_for(url))
-    assert len(temp_files(tmp_path)) == 1
+    assert len(temp_files(tmp_path)) == 2  # the temp file and its progress log
     writer.write(b"-and-the-rest")
     assert writer.commit()
     assert read(tier, url) == b"half-and-the-rest" and temp_files(tmp_path) == []
@@ -167,7 +167,7 @@ def _write_then_die(cache_dir, url):
     tier = DiskTier(cache_dir, None)
     writer = tier.writer(url)
     writer.write(b"partial" * 1000)
-    writer.file.flush()
+    writer.thread.finish()  # written (the writer thread is done), not committed
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -177,7 +177,7 @@ def test_killed_writer_commits_nothing_and_its_temp_is_cleaned(tmp_path):
     proc.start()
     proc.join(10)
     assert proc.exitcode == -signal.SIGKILL
-    assert [n for n in temp_files(tmp_path) if f".{proc.pid}." in n]
+    assert len([n for n in temp_files(tmp_path) if f".{proc.pid}." in n]) == 2  # the temp file and its log
     tier = DiskTier(str(tmp_path), None)  # construction cleans up dead processes' temp files
     assert tier.lookup(url) is None and committed(tmp_path) == [] and temp_files(tmp_path) == []
 

@@ -21,9 +21,11 @@ import logging
 import os
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
-from .check import CorruptCacheFile, Resume
-from .tiers import DiskTier, MemoryTier, TierCounters
 from .._base.errors import UsageError, redact_url
+from .check import CorruptCacheFile, Resume, VerifiedFile
+from .claims import ClaimsAhead, release_claims
+from .share import follow
+from .tiers import DiskTier, MemoryTier, TierCounters
 
 __all__ = ["ShardCache", "cache_from_options"]
 
@@ -42,7 +44,7 @@ def _close(obj) -> None:
         close()
 
 
-class ShardCache:
+class ShardCache(ClaimsAhead):
     """Tiers searched in order (typically `MemoryTier`, then `DiskTier`), then the origin.
 
     Thread-safe; one instance may serve many shards at once. `stats()` reports every tier's
@@ -55,6 +57,7 @@ class ShardCache:
         if len(set(names)) != len(names) or "origin" in names:
             raise ValueError(f"cache tier names must be unique and not 'origin': {names}")
         self.origin = TierCounters("origin", ORIGIN_FIELDS)
+        self._init_claims()
 
     def stream(self, url: str, open_origin: OpenOrigin) -> Iterator[bytes]:
         """Yield the bytes of `url` in chunks, from the first tier that has it, else the origin.
@@ -75,19 +78,86 @@ class ShardCache:
                 outcome = yield from self._serve(url, tier, source, above)
                 break
             above.append(tier)
+        if outcome is _MISS:
+            outcome = yield from self._fetch(url, open_origin)
+        if outcome is not None:
+            yield from self._repair(url, open_origin, outcome)  # type: ignore[arg-type]
+
+    def open_mapped(self, url: str, accept: Optional[Callable[[int], bool]] = None) -> Optional[VerifiedFile]:
+        """A disk hit of `url` (a `VerifiedFile`) to parse in place from a memory map, checking
+        each block there before it is parsed (`VerifiedFile.check`), else None (not held, held by
+        a faster tier, or `accept(fd)` says no). Close it when done; after its `CorruptCacheFile`,
+        go on with `reread`."""
+        for index, tier in enumerate(self.tiers):
+            if isinstance(tier, DiskTier):
+                source = tier.lookup(url)
+                fill = any(isinstance(t, MemoryTier) and t.max_bytes >= (source.size if source else 0)
+                           for t in self.tiers[:index])  # (the stream fills faster tiers on the way)
+                if source is not None and (fill or (accept is not None and not accept(source.file.fileno()))):
+                    source.close()
+                    source = None
+                if source is not None:
+                    tier.counters.add(hits=1)
+                    for upper in self.tiers[:index]:
+                        upper.counters.add(misses=1)
+                return source
+            if url in tier:
+                return None
+        return None
+
+    def reread(self, url: str, open_origin: OpenOrigin, failure: CorruptCacheFile) -> Iterator[bytes]:
+        """After `failure` stopped a mapped hit (`open_mapped`): the whole shard again, from byte 0,
+        from a fresh copy (the corrupt file is evicted and fetched again, once per node). The bytes
+        the hit had checked are checked again, block by block, before they are handed on: the shard
+        is the one that was parsed so far, or this raises."""
+        failure.source.tier.counters.add(corrupt=1)  # type: ignore[union-attr]
+        yield from self._repair(url, open_origin, failure, keep=True)
+
+    def _repair(self, url: str, open_origin: OpenOrigin, outcome: CorruptCacheFile, keep: bool = False):
+        """Evict the corrupt copy `outcome` names and stream the shard on from a fresh one."""
         for _ in range(_REREADS):
+            outcome = yield from self._claimed(url, open_origin, outcome, keep=keep)
             if outcome is None:
                 return
-            outcome = yield from self._claimed(url, open_origin, None if outcome is _MISS else outcome)
-        if outcome is not None:  # copy after copy fails: a failing disk, say
-            claims: Dict[str, object] = {}
-            try:
-                claims = self._claim(url)
-                self._evict(url, outcome, outcome.source.tier.name in claims)  # type: ignore[union-attr]
-            finally:
-                outcome.source.release()  # type: ignore[union-attr]
-                self._release(claims)
-            raise outcome
+            keep = False  # the consumer has read the copy that failed now: drop what it delivered
+        # copy after copy fails: a failing disk, say
+        claims: Dict[str, object] = {}
+        try:
+            claims = self._claim(url)
+            self._evict(url, outcome, outcome.source.tier.name in claims)  # type: ignore[union-attr]
+        finally:
+            outcome.source.release()  # type: ignore[union-attr]
+            self._release(claims)
+        raise outcome
+
+    def _fetch(self, url: str, open_origin: OpenOrigin):
+        """A miss in every tier: take the shared tier's claim without waiting (or use the one
+        `prepare` took) and fetch the shard, or follow the write of the process that holds it.
+        Returns None when done, or the failure of a corrupt committed copy."""
+        claims = self._take_ahead(url)
+        resume = None
+        try:
+            shared = next((tier for tier in self.tiers if tier.shared), None)
+            if shared is not None and shared.name not in claims:
+                claim = None if shared.writing_here(url) else shared.try_claim(url)
+                if claim is not None:
+                    claims[shared.name] = claim
+                elif shared.writing_here(url):
+                    shared.counters.add(bypassed=1)  # ours: following ourselves could deadlock
+                else:
+                    shared.counters.add(followed=1)
+                    end = yield from follow(shared, url, on_stuck=self._release_unstarted)
+                    if end.kind == "committed":  # a hit, read partly while it was being written
+                        return (yield from self._serve(url, shared, end.source, self.tiers[: self.tiers.index(shared)]))
+                    if end.kind == "claimed":
+                        claims[shared.name] = end.claim
+                    else:
+                        shared.counters.add(bypassed=1)
+                    if end.digests:
+                        resume = Resume(len(end.digests) * shared.chunk_size, end.digests, shared.chunk_size, url=url)
+            return (yield from self._claimed(url, open_origin, None, claims=claims, resume=resume))
+        finally:
+            self._release(claims)
 
     def _claim(self, url: str) -> Dict[str, object]:
         """The claims of the shared tiers that grant one (waiting for other processes' downloads)."""
@@ -103,14 +173,20 @@ class ShardCache:
             raise
         return claims
 
-    def _claimed(self, url: str, open_origin: OpenOrigin, failure: Optional[CorruptCacheFile]):
-        """Take the shared tiers' claims, then read a copy committed meanwhile or the origin
-        (written through). After a `failure`, evict the corrupt file first and skip the bytes
-        already delivered. Returns None when done, or the failure of another corrupt copy."""
-        resume = Resume(failure) if failure is not None and failure.bad_offset else None
-        claims: Dict[str, object] = {}
+    def _claimed(
+        self, url: str, open_origin: OpenOrigin, failure: Optional[CorruptCacheFile], *,
+        claims: Optional[Dict[str, object]] = None, resume: Optional[Resume] = None, keep: bool = False,
+    ):
+        """Take the shared tiers' claims (waiting; unless `claims` were taken), then read a copy
+        committed meanwhile or the origin (written through). After a `failure`, evict the corrupt
+        file first; skip the bytes already delivered (`resume`). Returns None when done, or the
+        failure of another corrupt copy."""
+        if failure is not None and failure.bad_offset:
+            resume = Resume.after(failure, keep=keep)
         try:
-            claims = self._claim(url)
+            if claims is None:
+                claims = {}
+                claims.update(self._claim(url))
             held = failure.source if failure is not None else None
             if held is not None:
                 self._evict(url, failure, held.tier.name in claims)  # type: ignore[arg-type]
@@ -154,7 +230,8 @@ class ShardCache:
         finally:
             if failure is not None:
                 failure.source.release()  # type: ignore[union-attr]
-            self._release(claims)  # after _pump committed: waiters then find the file
+            if claims:
+                self._release(claims)  # after _pump committed: waiters then find the file
 
     def _evict(self, url: str, failure: CorruptCacheFile, claimed: bool) -> None:
         """Evict the corrupt file `failure` names if we may (we hold its URL's claim), and say so."""
@@ -176,7 +253,8 @@ class ShardCache:
         for upper in above:
             upper.counters.add(misses=1)
         # Fill faster private tiers on the way (shared ones would need a claim: not worth it).
-        writers = [w for w in (t.writer(url, size_hint=source.size) for t in above if not t.shared) if w is not None]
+        writers = [] if getattr(source, "start", 0) else [  # (not from a mid-shard start: the writers need it all)
+            w for w in (t.writer(url, size_hint=source.size) for t in above if not t.shared) if w is not None]
         try:
             yield from self._pump(source, tier.counters, writers, resume)
         except CorruptCacheFile as exn:
@@ -220,12 +298,6 @@ class ShardCache:
                 _close(iterator)
             _close(chunks)
 
-    @staticmethod
-    def _release(claims: Dict[str, object]) -> None:
-        while claims:
-            _, claim = claims.popitem()
-            claim.release()
-
     def local_path(self, url: str) -> Optional[str]:
         """The path of a committed copy of `url` in a disk tier (with a record of its size and
         block CRCs), else None: tells whether `stream` will find the shard cached.
@@ -248,23 +320,6 @@ class ShardCache:
             if isinstance(tier, DiskTier):
                 return tier.path_for(url)
         return None
-
-    def will_serve(self, url: str) -> bool:
-        """Whether `stream(url)` will read the shard from the cache rather than fetch it: a tier
-        holds a copy, or another process on the node is fetching it into a shared tier now (the
-        stream waits for that copy). A caller should open no origin stream ahead for such a shard:
-        that would fetch it a second time."""
-        for tier in self.tiers:
-            if isinstance(tier, DiskTier):
-                source = tier.lookup(url)
-                if source is not None:
-                    source.close()
-                    return True
-                if tier.claimed_elsewhere(url):
-                    return True
-            elif url in tier:
-                return True
-        return False
 
     def stats(self) -> Dict[str, Dict[str, int]]:
         """Counters keyed by tier name, plus "origin" (fetches, bytes_served, errors)."""

@@ -3,15 +3,17 @@
 Each tier is a small named strategy with thread-safe counters (the fsspec `caching.py` habit).
 A tier answers `lookup(url)` with a source of byte chunks or None, and hands out `writer(url)`s
 that are committed only when a shard arrived whole. Node-shared tiers (`shared = True`) also
-hand out `claim(url)`s: a per-URL lock across processes, so one process downloads a shard while
-the others wait for it. `ShardCache` (in `_shardcache`) searches tiers in order and streams
+hand out claims (`try_claim(url)`, `claim(url)`): a per-URL lock across processes, so one process
+downloads a shard while the others follow its write (`_cacheshare`). `ShardCache` (in `_shardcache`) searches tiers in order and streams
 misses through them; the tiers never decide what to fetch.
 
 Disk layout of a `DiskTier` (one directory, so every rename is atomic):
 
     <digest>-<basename>                       committed shard bytes (exactly the origin's bytes)
-    .<digest>-<basename>.meta                 sidecar: size, URL digest, CRC-32 per block (`_cachecheck`)
+    .<digest>-<basename>.meta                 sidecar: size, URL digest, a digest per block (`_cachecheck`)
     .<name>.<host>.<pid>.<random>.tmp         a write in progress (or left by a dead process)
+    .<name>.<host>.<pid>.<random>.sums.tmp    its progress log: the digests of the blocks written so far,
+                                              which other processes follow (`_cacheshare`)
     .locks/<digest>-<basename>, .locks/.evict flock files (never deleted: see `claim`)
 """
 
@@ -34,6 +36,7 @@ from urllib.parse import urlparse
 from filelock import FileLock, Timeout
 
 from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
+from .share import DiskWriter, open_progress_log
 
 __all__ = ["DiskTier", "MemoryTier", "TierCounters", "cache_file_name"]
 
@@ -42,11 +45,11 @@ logger = logging.getLogger(__name__)
 CHUNK_SIZE = 1 << 20
 TIER_FIELDS = (
     "hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "corrupt", "discarded", "errors",
-    "bypassed",
+    "bypassed", "followed",
 )
 
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})\.tmp$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})(\.sums)?\.tmp$")
 
 
 def _pipe_url(spec: str) -> str:
@@ -255,55 +258,6 @@ class MemoryTier:
         self.__init__(state["max_bytes"], name=state["name"])
 
 
-class _DiskWriter:
-    """Writes a shard to a private temp file; `commit` renames it into place, `abort` deletes it."""
-
-    def __init__(self, tier: "DiskTier", url: str, temp: str, f) -> None:
-        self.tier, self.url, self.temp, self.file = tier, url, temp, f
-        self.size = 0
-        self.live = True
-        self.digest = BlockDigest(tier.chunk_size)  # computed from the chunks as they are written
-
-    def write(self, chunk: bytes) -> None:
-        if not self.live:
-            return
-        self.size += len(chunk)
-        if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
-            self.abort()  # can never fit: stop paying for the copy
-            return
-        try:
-            self.file.write(chunk)
-        except OSError as exn:  # a full or broken cache disk must not fail the read
-            logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
-            self.tier.counters.add(errors=1)
-            self.abort()
-            return
-        self.digest.update(chunk)
-
-    def commit(self) -> bool:
-        if not self.live:
-            return False
-        self.live = False
-        try:
-            self.file.close()
-        except OSError as exn:
-            logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
-            self.tier.counters.add(errors=1, discarded=1)
-            _unlink(self.temp)
-            return False
-        return self.tier._commit(self.url, self.temp, self.size, self.digest)
-
-    def abort(self) -> None:
-        if self.live:
-            self.live = False
-            try:
-                self.file.close()
-            except OSError:
-                pass
-            _unlink(self.temp)
-            self.tier.counters.add(discarded=1)
-
-
 class _Claim:
     """The right to fetch one URL into a disk tier; `release` lets waiting processes in."""
 
@@ -324,12 +278,13 @@ class DiskTier:
         cache_dir: the directory (created if missing); the cache owns every file in it.
         max_bytes: bound on committed bytes, kept by LRU eviction (by mtime; hits touch); None
             for no bound. A shard larger than the bound is streamed but never kept.
-        lock_timeout: longest wait for another process's download of the same URL, in seconds;
-            after it the shard is streamed from the origin without caching.
-        stall_timeout: give up waiting sooner when the other process's temp file has not grown
-            for this long (a stuck holder, e.g. a training loop waiting on us); None disables.
-        chunk_size: the block size of the CRC-32s recorded for new files, and so the read size
-            when serving hits (every block is checked before it is handed out).
+        lock_timeout: longest wait for another process's download of the same URL (following its
+            write, or waiting for its claim after a corrupt file), in seconds; after it the shard
+            is streamed from the origin without caching.
+        stall_timeout: give up sooner when the other process's write has made no progress for
+            this long (a stuck holder, e.g. a training loop waiting on us); None disables.
+        chunk_size: the block size of the digests recorded for new files (and published while
+            they are written), and so the step in which hits are checked and parsed.
     """
 
     shared = True
@@ -469,6 +424,33 @@ class DiskTier:
             return None
         return _Claim(self, url, lock)
 
+    def writing_here(self, url: str) -> bool:
+        """Whether this process holds `url`'s claim (a second stream of ours bypasses the tier)."""
+        with self._local():
+            return url in self._writing
+
+    def try_claim(self, url: str) -> Optional[_Claim]:
+        """The node-wide right to fetch `url` into this tier if it is free now, else None (another
+        process holds it, or this one: see `writing_here`). Never waits."""
+        with self._local():
+            if url in self._writing:
+                return None
+            self._writing.add(url)
+        lock = _file_lock(os.path.join(self._lock_dir, cache_file_name(url)))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            self._claim_done(url)
+            return None
+        except BaseException:
+            self._claim_done(url)
+            raise
+        return _Claim(self, url, lock)
+
+    def claim_free(self, url: str) -> bool:
+        """Whether no process holds `url`'s claim now (its writer committed, failed or died)."""
+        return not self.claimed_elsewhere(url)
+
     def claimed_elsewhere(self, url: str) -> bool:
         """Whether another process holds `claim(url)` now, i.e. is fetching `url` into this tier
         (or re-fetching it after finding its file corrupt)."""
@@ -520,19 +502,30 @@ class DiskTier:
                 pass
         return sorted(seen)
 
-    def writer(self, url: str, size_hint: Optional[int] = None) -> Optional[_DiskWriter]:
-        """A temp-file writer for `url` (call while holding `claim(url)`), or None."""
+    def writer(self, url: str, size_hint: Optional[int] = None, *, shared: bool = True) -> Optional[DiskWriter]:
+        """A temp-file writer for `url` (call while holding `claim(url)`), or None. `shared`: publish
+        its progress, so that other processes can follow the write."""
         if self.max_bytes is not None and size_hint is not None and size_hint > self.max_bytes:
             return None
         name = cache_file_name(url)
+        # We hold the claim: other temp files of this URL are dead writers' (followers must not
+        # tail them while they wait for ours).
+        for stale in glob.glob(os.path.join(glob.escape(self.cache_dir), glob.escape(f".{name}") + ".*.tmp")):
+            if _TEMP.match(os.path.basename(stale)):
+                _unlink(stale)
         temp = os.path.join(self.cache_dir, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = log_fd = None
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+            log_fd = open_progress_log(temp, self.chunk_size) if shared else None
         except OSError as exn:
             logger.warning("cannot create cache temp file %s: %s", temp, exn)
             self.counters.add(errors=1)
+            if fd is not None:
+                os.close(fd)
+                _unlink(temp)
             return None
-        return _DiskWriter(self, url, temp, os.fdopen(fd, "wb"))
+        return DiskWriter(self, url, temp, fd, log_fd)
 
     def _commit(self, url: str, temp: str, size: int, digest: BlockDigest) -> bool:
         path = self.path_for(url)

@@ -65,7 +65,8 @@ def chunk_member_batches(
 
 
 def mapped_member_batches(
-    path: str, url: str, stats: Optional[SourceStats] = None, start_offset: int = 0, payloads: bool = True
+    path: str, url: str, stats: Optional[SourceStats] = None, start_offset: int = 0, payloads: bool = True,
+    *, fd: Optional[int] = None, check: Optional[Callable[[Any, int], None]] = None, window: int = WINDOW,
 ) -> Iterator[List[TarMember]]:
     """Lists of members of an uncompressed local shard, parsed in place from a memory map.
 
@@ -73,13 +74,22 @@ def mapped_member_batches(
     which releases the GIL, so several shards can be read in parallel threads. With
     `payloads=False` the members' data is empty and only header pages are read (a sample count
     of a local shard costs one page per member, not the shard's size).
+
+    `fd`: read this open file (the caller keeps it open and closes it) instead of `path`.
+    `check(view, stop)`: called before any byte of the map below `stop` is parsed, with the map's
+    view (a disk-cache hit verifies its blocks there; raising stops the batches). `window`: bytes
+    parsed per step (a checked map: small, so that the bytes just checked are still in the CPU's cache).
     """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError as exn:
-        raise ShardNotFound("shard not found", url=url) from exn
-    except OSError as exn:
-        raise FetchError(f"cannot open shard: {exn}", url=url) from exn
+    step = window
+    owned = fd is None
+    if owned:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as exn:
+            raise ShardNotFound("shard not found", url=url) from exn
+        except OSError as exn:
+            raise FetchError(f"cannot open shard: {exn}", url=url) from exn
+    assert fd is not None
     mapped = view = None
     try:
         size = os.fstat(fd).st_size
@@ -94,9 +104,11 @@ def mapped_member_batches(
         pos = start_offset
         released = start_offset - start_offset % _PAGE
         while pos < size and not reader.finished:
-            window = WINDOW
+            window = step
             while True:
                 stop = min(size, pos + window)
+                if check is not None:
+                    check(view, stop)
                 members, consumed = reader.feed_view(view[pos:stop], read_range=_preader(fd, pos, url))
                 if consumed or stop == size:
                     break
@@ -113,10 +125,10 @@ def mapped_member_batches(
             if hasattr(mapped, "madvise") and done - released >= WINDOW:
                 mapped.madvise(mmap.MADV_DONTNEED, released, done - released)
                 released = done
-        if reader.finished:  # what follows the archive: only looked at for a stray header
-            rest = view[pos : min(size, pos + TAIL_SCAN)].tobytes()
-        else:
-            rest = view[pos:size].tobytes() if pos < size else b""
+        stop = min(size, pos + TAIL_SCAN) if reader.finished else size  # after the archive: a stray header?
+        if check is not None:
+            check(view, stop)
+        rest = view[pos:stop].tobytes() if pos < stop else b""
         yield reader.feed(rest) + reader.close()
     finally:
         if view is not None:
@@ -126,7 +138,8 @@ def mapped_member_batches(
                 mapped.close()
             except BufferError:  # a view is still referenced (e.g. by a traceback): GC closes it
                 pass
-        os.close(fd)
+        if owned:
+            os.close(fd)
 
 
 def _preader(fd: int, base: int, url: str) -> Callable[[int, int], bytes]:

@@ -1,0 +1,367 @@
+"""A shard shared while it is being written: the writer's thread and progress log, and followers.
+
+The process that holds a URL's claim (`DiskTier.try_claim`) writes the shard to its temp file
+`.<name>.<host>.<pid>.<rand>.tmp`. Its `BlockWriter` thread does the writing and the digests off
+the reader's path, and appends each full block's digest to the progress log beside the temp file
+(`.<...>.<rand>.sums.tmp`: a 16-byte header, then one 8-byte digest per block) once the block's
+bytes are written. Other processes that want the shard meanwhile `follow` the write: they read
+only blocks whose digest is in the log, and check each before they hand it out, so they never see
+a byte the writer has not written and checked, and they need not wait for the whole shard.
+
+A follower goes on from the committed file once the writer renamed it into place. When the writer
+is gone without committing (its claim is free again: it failed, or was killed), the follower takes
+the claim and fetches the shard itself; when the writer makes no progress for `stall_timeout`
+(its consumer is stuck, say), the follower streams the shard from the origin without caching.
+Either way it continues after the bytes it already handed out (`Resume`). Every wait is a short
+sleep in a loop bounded by those timeouts.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import logging
+import os
+import struct
+import threading
+import time
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+
+from .check import BlockDigest, block_digest
+from .._base.errors import FetchError
+
+__all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "follow", "open_progress_log", "progress_log_path"]
+
+logger = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">8sQ")  # magic, block size
+_MAGIC = b"shsums3\n"
+_DIGEST = struct.Struct(">Q")
+_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
+WRITE_STALL = 60.0  # seconds the writer thread may take no data before the write is given up
+UNSTARTED_WAIT = 1.0
+_RECHECK = 1.0  # a follower without news for this long looks at its deadlines again  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
+
+
+def progress_log_path(temp: str) -> str:
+    """The progress log of the temp file `temp` (which ends in ".tmp")."""
+    return temp[: -len(".tmp")] + ".sums.tmp"
+
+
+def open_progress_log(temp: str, block_size: int) -> int:
+    """Create `temp`'s progress log (exclusively) and return its fd, header written."""
+    fd = os.open(progress_log_path(temp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        os.write(fd, _HEADER.pack(_MAGIC, block_size))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_chunks(fd: int, chunks: List, nbytes: int) -> None:
+    """Write `chunks` (`nbytes` in all) in order: one writev while it writes them whole."""
+    for start in range(0, len(chunks), _IOV_MAX):
+        group = chunks[start : start + _IOV_MAX]
+        size = nbytes if len(group) == len(chunks) else sum(len(chunk) for chunk in group)
+        done = os.writev(fd, group)
+        if done == size:
+            continue
+        view = memoryview(b"".join(group))[done:]  # a short write (a full disk, a signal): the rest in a loop
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+class BlockWriter:
+    """Writes a shard's chunks to its temp file from a thread, and publishes each full block's
+    digest in the progress log as soon as the block is written.
+
+    `put` hands a chunk over (the reader waits only while MAX_QUEUED bytes are queued); `finish`
+    waits for the rest and returns the digest, or None when a write failed (`error` says why);
+    `cancel` drops what is queued. Both join the thread.
+    """
+
+    def __init__(self, fd: int, log_fd: Optional[int], block_size: int) -> None:
+        self.fd, self.log_fd = fd, log_fd
+        self.error: Optional[OSError] = None
+        self.digest = BlockDigest(block_size, on_block=self._publish if log_fd is not None else None)
+        self._queue: collections.deque = collections.deque()
+        self._queued = 0
+        self._cond = threading.Condition()
+        self._closing = self._cancelled = False
+        self._thread = threading.Thread(target=self._run, name="shardstream-cache-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, chunk) -> bool:
+        """Queue `chunk` (an immutable bytes-like object) for writing; False once writing failed
+        (or has not moved for WRITE_STALL seconds: a hung cache disk must not hang the read)."""
+        with self._cond:
+            queued, since = self._queued, time.monotonic()
+            while self._queued >= MAX_QUEUED and self.error is None:
+                self._cond.wait(1.0)  # the thread frees room as it writes
+                if self._queued != queued:
+                    queued, since = self._queued, time.monotonic()
+                elif time.monotonic() - since >= WRITE_STALL:
+                    self.error = TimeoutError(f"the cache disk took no data for {WRITE_STALL:g} s")
+            if self.error is not None:
+                return False
+            self._queue.append(chunk)
+            self._queued += len(chunk)
+            self._cond.notify_all()
+        return True
+
+    def _publish(self, index: int, digest: int) -> None:
+        os.write(self.log_fd, _DIGEST.pack(digest))  # type: ignore[arg-type]
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._queue and not self._closing and not self._cancelled:
+                    cond.wait()
+                if self._cancelled or not self._queue:
+                    return
+                batch = list(self._queue)  # everything queued: one writev, one wake-up
+                self._queue.clear()
+            nbytes = sum(len(chunk) for chunk in batch)
+            try:
+                _write_chunks(self.fd, batch, nbytes)
+                for chunk in batch:
+                    self.digest.update(chunk)  # after the write: a published digest covers bytes on disk
+            except OSError as exn:
+                with cond:
+                    self.error = exn
+                    self._queue.clear()
+                    self._queued = 0
+                    cond.notify_all()
+                return
+            with cond:
+                self._queued -= nbytes
+                cond.notify_all()
+
+    def finish(self) -> Optional[BlockDigest]:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(WRITE_STALL)
+        if self.alive and self.error is None:
+            self.error = TimeoutError(f"the cache disk took no data for {WRITE_STALL:g} s")
+        return None if self.error is not None else self.digest
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still runs (only after a write hung in the kernel past WRITE_STALL)."""
+        return self._thread.is_alive()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._queue.clear()
+            self._queued = 0
+            self._cond.notify_all()
+        self._thread.join(WRITE_STALL)  # (a write hung in the kernel: the daemon thread is left to it)
+
+
+class DiskWriter:
+    """Writes a shard to a private temp file (from a `BlockWriter` thread, publishing its progress
+    for other processes); `commit` renames it into place, `abort` deletes it."""
+
+    def __init__(self, tier: Any, url: str, temp: str, fd: int, log_fd: Optional[int]) -> None:
+        self.tier, self.url, self.temp = tier, url, temp
+        self.size = 0
+        self.live = True
+        self._fds = [fd] if log_fd is None else [fd, log_fd]
+        self.thread = BlockWriter(fd, log_fd, tier.chunk_size)  # digests from the chunks as they are written
+
+    def write(self, chunk: bytes) -> None:
+        if not self.live:
+            return
+        self.size += len(chunk)
+        if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
+            self.abort()  # can never fit: stop paying for the copy
+            return
+        if not self.thread.put(chunk if type(chunk) is bytes else bytes(chunk)):
+            self._failed(self.thread.error)
+
+    def _failed(self, exn) -> None:  # a full or broken cache disk must not fail the read
+        logger.warning("cache write failed, not caching %s: %s", self.temp, exn)
+        self.tier.counters.add(errors=1)
+        self.abort()
+
+    def _close(self) -> Optional[OSError]:
+        error = None
+        if self.thread.alive:  # hung in a write: closing its fd could let the number be reused under it
+            self._fds = []
+            return None
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError as exn:
+                error = error or exn
+        self._fds = []
+        return error
+
+    def commit(self) -> bool:
+        if not self.live:
+            return False
+        self.live = False
+        digest = self.thread.finish()
+        error = self._close() or self.thread.error
+        if digest is None or error is not None:
+            logger.warning("cache write failed, not caching %s: %s", self.temp, error)
+            self.tier.counters.add(errors=1, discarded=1)
+            _unlink(self.temp)
+            _unlink(progress_log_path(self.temp))
+            return False
+        try:
+            return self.tier._commit(self.url, self.temp, self.size, digest)
+        finally:
+            _unlink(progress_log_path(self.temp))  # after the rename: followers then find the committed file
+
+    def abort(self) -> None:
+        if self.live:
+            self.live = False
+            self.thread.cancel()
+            self._close()
+            _unlink(self.temp)
+            _unlink(progress_log_path(self.temp))
+            self.tier.counters.add(discarded=1)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class FollowEnd(NamedTuple):
+    """How following a write ended. kind: "committed" (`source` is the committed file, already set
+    to go on after the delivered blocks), "claimed" (`claim`: the writer is gone, fetch it
+    ourselves), or "alone" (stalled or timed out: fetch it without caching). `digests` are those
+    of the blocks handed out (each `block_size` long)."""
+
+    kind: str
+    digests: List[int]
+    source: Any = None
+    claim: Any = None
+
+
+def _live_logs(tier, url: str) -> List[Tuple[float, str]]:
+    """(mtime, path) of the progress logs of `url`'s writes in progress, newest first."""
+    from .tiers import cache_file_name  # (imports us)
+
+    pattern = os.path.join(glob.escape(tier.cache_dir), glob.escape(f".{cache_file_name(url)}") + ".*.sums.tmp")
+    found = []
+    for path in glob.glob(pattern):
+        try:
+            found.append((os.stat(path).st_mtime, path))
+        except OSError:
+            pass
+    return sorted(found, reverse=True)
+
+
+def follow(tier, url: str, on_stuck: Optional[Callable[[], None]] = None):
+    """Yield `url`'s blocks from another process's write in progress (each checked against the
+    digest that process published), then from the committed file. Returns a `FollowEnd`.
+
+    A claim taken ahead of reading (`ShardCache.prepare`) has no write yet until its holder's
+    reader gets to it; two processes reading in different orders could each wait for such a claim
+    of the other's. So after UNSTARTED_WAIT seconds on a write that has not begun, `on_stuck()` is
+    called once: it gives back this process's own claims that have not begun either, which lets
+    the other process take them and go on (and may let us take this one).
+
+    Raises FetchError when a copy disagrees with the blocks already handed out (the shard changed).
+    """
+    digests: List[int] = []
+    block_size = tier.chunk_size
+    started = last_progress = time.monotonic()
+    poll = min(tier.poll_interval, 0.01)
+    unstarted_since: Optional[float] = None
+    while True:
+        source = tier.lookup(url)
+        if source is not None:
+            if digests and (source.record.block_size != block_size or not source.skip_blocks(digests)):
+                source.close()
+                raise FetchError("the committed cache file differs from the bytes already delivered from its write in "
+                                 "progress (did the shard change at the origin?)", url=url)
+            return FollowEnd("committed", digests, source=source)
+        claim = tier.try_claim(url)
+        if claim is not None:
+            return FollowEnd("claimed", digests, claim=claim)
+        logs = _live_logs(tier, url)[:1]
+        for _mtime, log in logs:
+            before = len(digests)
+            yield from _tail(log, digests, block_size, tier, url)
+            if len(digests) > before:
+                last_progress = time.monotonic()
+        now = time.monotonic()
+        if logs:
+            unstarted_since = None
+        elif unstarted_since is None:
+            unstarted_since = now
+        elif on_stuck is not None and now - unstarted_since >= UNSTARTED_WAIT:
+            on_stuck()
+            on_stuck = None
+        if (tier.stall_timeout is not None and now - last_progress >= tier.stall_timeout) or (
+            now - started >= tier.lock_timeout
+        ):
+            logger.warning("another process's download of %s into the cache makes no progress; fetching it uncached",
+                           tier.path_for(url))
+            return FollowEnd("alone", digests)
+        time.sleep(poll)
+
+
+def _tail(log: str, digests: List[int], block_size: int, tier, url: str):
+    """Yield the blocks of the temp file beside `log` that are not handed out yet, as the log
+    publishes them; return when the write ends (the temp file is gone, or the claim is free), stalls
+    or fails a check."""
+    temp = log[: -len(".sums.tmp")] + ".tmp"
+    try:
+        log_fd = os.open(log, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return
+    data_fd = -1
+    try:
+        try:
+            data_fd = os.open(temp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            magic, size = _HEADER.unpack(os.pread(log_fd, _HEADER.size, 0))
+        except (OSError, struct.error):
+            return
+        if magic != _MAGIC or size != block_size:
+            return
+        poll = min(tier.poll_interval, 0.01)
+        seen = 0  # entries of the log checked against `digests` or appended to it
+        last = time.monotonic()
+        while True:
+            raw = os.pread(log_fd, 1 << 16, _HEADER.size + seen * _DIGEST.size)
+            published = [d for (d,) in _DIGEST.iter_unpack(raw[: len(raw) - len(raw) % _DIGEST.size])]
+            for digest in published:
+                index = seen
+                seen += 1
+                if index < len(digests):
+                    if digests[index] != digest:
+                        raise FetchError("another process's write of the shard into the cache differs from the "
+                                         "bytes already delivered (did it change at the origin?)", url=url)
+                    continue
+                block = os.pread(data_fd, block_size, index * block_size)
+                if len(block) != block_size or block_digest(block) != digest:
+                    logger.warning("cache temp file %s does not match its published digests; reading on without it",
+                                   temp)
+                    return
+                digests.append(digest)
+                tier.counters.add(bytes_served=block_size)
+                yield block
+            if published:
+                last = time.monotonic()
+                continue
+            if not os.path.exists(temp) or tier.claim_free(url):
+                return  # committed, abandoned or killed: the caller looks which
+            if time.monotonic() - last >= min(_RECHECK, tier.stall_timeout or _RECHECK):
+                return  # the caller checks its deadlines (and for a newer write) and comes back
+            time.sleep(poll)
+    finally:
+        os.close(log_fd)
+        if data_fd >= 0:
+            os.close(data_fd)

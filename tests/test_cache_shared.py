@@ -1,0 +1,266 @@
+"""One download per shard per node: processes that share `cache_dir` and start together, through
+`WebDataset`, against the test HTTP server (which counts requests and bytes); one of them killed
+in the middle of a shard it downloads for the others."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import random
+import signal
+import tarfile
+import time
+import warnings
+
+import pytest
+
+import shardstream as wds
+from shardstream._cache.tiers import cache_file_name
+
+pytestmark = pytest.mark.timeout(120)
+warnings.filterwarnings("ignore", message=".*shardshuffle.*")
+
+SAMPLES, PAYLOAD = 12, 256 << 10  # about 3 MiB a shard: three full 1 MiB blocks and a short one
+NAMES = [f"shard-{n}.tar" for n in range(4)]
+PROCESSES = 4
+
+
+def _shard(seed: int) -> bytes:
+    rng = random.Random(seed)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(SAMPLES):
+            for ext, data in (("bin", rng.randbytes(PAYLOAD)), ("txt", f"sample {seed}/{i}".encode())):
+                info = tarfile.TarInfo(f"s{seed}{i:03d}.{ext}")
+                info.size, info.mtime = len(data), 0
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    contents = {name: _shard(n) for n, name in enumerate(NAMES)}
+    for name, data in contents.items():
+        (root / name).write_bytes(data)
+    return str(root), contents
+
+
+def _digests(samples):
+    return [[s["__key__"], hashlib.sha256(s["bin"]).hexdigest(), s["txt"].decode()] for s in samples]
+
+
+def _expected(files, names=NAMES):
+    return _digests(wds.WebDataset([os.path.join(files[0], n) for n in names], shardshuffle=False))
+
+
+def _reader(urls, cache_dir, fetch, barrier, started_path, out_path):
+    warnings.filterwarnings("ignore")
+    if barrier is not None:
+        barrier.wait(60)
+    open(started_path, "w").close()
+    it = iter(wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir, fetch_options=wds.FetchOptions(**fetch)))
+    samples = _digests(it)
+    with open(out_path + ".part", "w") as f:
+        json.dump({"samples": samples, "stats": it.stats().cache}, f)
+    os.replace(out_path + ".part", out_path)
+
+
+def _start(ctx, urls, cache_dir, fetch, barrier, tmp_path, tag):
+    started, out = str(tmp_path / f"{tag}.started"), str(tmp_path / f"{tag}.json")
+    proc = ctx.Process(target=_reader, args=(urls, cache_dir, fetch, barrier, started, out))
+    proc.start()
+    return proc, started, out
+
+
+def _wait_for(predicate, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _leftovers(cache_dir):
+    return glob.glob(os.path.join(glob.escape(cache_dir), ".*.tmp"))
+
+
+@pytest.mark.parametrize("parallel_parts", [1, 16], ids=["one-GET", "ranged-parts"])
+def test_processes_started_together_download_each_shard_once(server, files, tmp_path, parallel_parts):
+    urls = [server.url(n) for n in NAMES]
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir)
+    expected = _expected(files)
+    # Slow enough that every process asks for every shard while it is still downloading.
+    server.options.latency_ms = 30
+    server.options.bandwidth = 8e6
+    fetch = {"parallel_parts": parallel_parts, "part_size": 1 << 20}
+    before = server.stats.snapshot()
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES)
+    procs = [_start(ctx, urls, cache_dir, fetch, barrier, tmp_path, f"p{n}") for n in range(PROCESSES)]
+    for proc, _, _ in procs:
+        proc.join(90)
+    assert [proc.exitcode for proc, _, _ in procs] == [0] * PROCESSES
+    results = [json.load(open(out)) for _, _, out in procs]
+    for result in results:
+        assert result["samples"] == expected  # every sample, in order, in every process
+    after = server.stats.snapshot()
+    sizes = {name: len(files[1][name]) for name in NAMES}
+    # Each shard's bytes crossed the wire once between all the processes (not once per process) ...
+    assert sum(sizes.values()) <= after.bytes_sent - before.bytes_sent < sum(sizes.values()) + (256 << 10)
+    requests = {name: after.path_requests[name] - before.path_requests[name] for name in NAMES}
+    if parallel_parts == 1:  # ... in one GET per shard
+        assert requests == dict.fromkeys(NAMES, 1)
+    else:  # ... in the ranged parts of one download: at most one request per MiB
+        assert all(1 <= requests[n] <= -(-sizes[n] // (1 << 20)) for n in NAMES), requests
+    downloads = sum(r["stats"]["origin"]["fetches"] for r in results)
+    followed = sum(r["stats"]["disk"]["followed"] for r in results)
+    assert downloads == len(NAMES) and followed > 0, [r["stats"] for r in results]
+    assert _leftovers(cache_dir) == []
+    for name, url in zip(NAMES, urls):
+        with open(os.path.join(cache_dir, cache_file_name(url)), "rb") as f:
+            assert f.read() == files[1][name]
+
+
+def test_a_writer_killed_mid_shard_is_taken_over(server, files, tmp_path):
+    names = NAMES[:2]
+    urls = [server.url(n) for n in names]
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir)
+    expected = _expected(files, names)
+    server.options.latency_ms = 10
+    server.options.bandwidth = 1e6  # ~3 s a shard on one connection: time to kill its writer in the middle
+    fetch = {"parallel_parts": 1}
+    before = server.stats.snapshot()
+    ctx = multiprocessing.get_context("spawn")
+    victim, _, _ = _start(ctx, urls, cache_dir, fetch, None, tmp_path, "victim")
+    name0 = cache_file_name(urls[0])
+
+    def victim_published_a_block():
+        logs = glob.glob(os.path.join(glob.escape(cache_dir), glob.escape(f".{name0}") + f".*.{victim.pid}.*.sums.tmp"))
+        return any(os.path.getsize(log) >= 16 + 8 for log in logs)  # header + one block's digest
+
+    _wait_for(victim_published_a_block, "the victim to write a block of the first shard")
+    barrier = ctx.Barrier(2)
+    followers = [_start(ctx, urls, cache_dir, fetch, barrier, tmp_path, f"f{n}") for n in range(2)]
+    _wait_for(lambda: all(os.path.exists(started) for _, started, _ in followers), "the followers to start")
+    time.sleep(0.5)  # they are reading the victim's blocks now
+    assert victim.is_alive()
+    victim.kill()
+    victim.join(10)
+    assert victim.exitcode == -signal.SIGKILL
+    for proc, _, _ in followers:
+        proc.join(90)
+    assert [proc.exitcode for proc, _, _ in followers] == [0, 0]
+    results = [json.load(open(out)) for _, _, out in followers]
+    for result in results:
+        assert result["samples"] == expected  # nothing partial, nothing repeated, in order
+    assert sum(r["stats"]["disk"]["followed"] for r in results) >= 2
+    # One download of each shard by the followers: the first one taken over from the victim, the
+    # second one the victim had opened ahead (and never written: its reader was on the first).
+    downloads = sum(r["stats"]["origin"]["fetches"] for r in results)
+    assert downloads == 2, [r["stats"] for r in results]
+    after = server.stats.snapshot()
+    assert {n: after.path_requests[n] - before.path_requests[n] for n in names} == dict.fromkeys(names, 2)
+    assert _leftovers(cache_dir) == []  # the victim's temp file and log were cleaned up
+    for name, url in zip(names, urls):
+        with open(os.path.join(cache_dir, cache_file_name(url)), "rb") as f:
+            assert f.read() == files[1][name]
+
+
+# --- two processes that read in different orders -----------------------------------------------
+
+
+def _data(url: str) -> bytes:
+    return random.Random(url).randbytes(3 << 20)
+
+
+def _origin(url: str):
+    data = _data(url)
+    for i in range(0, len(data), 64 << 10):
+        yield data[i : i + (64 << 10)]
+
+
+def _crossed(cache_dir, ahead, first, barrier, out_path):
+    from shardstream._cache.tiers import DiskTier
+    from shardstream._cache.shardcache import ShardCache
+
+    cache = ShardCache([DiskTier(cache_dir, None, stall_timeout=60, lock_timeout=60)])
+    assert cache.prepare(ahead)  # claimed ahead of reading, as a reader with shards in flight does
+    barrier.wait(30)
+    start = time.monotonic()
+    got = {url: hashlib.sha256(b"".join(cache.stream(url, _origin))).hexdigest() for url in (first, ahead)}
+    with open(out_path, "w") as f:
+        json.dump({"digests": got, "seconds": time.monotonic() - start, "stats": cache.stats()}, f)
+
+
+def test_processes_reading_in_crossed_orders_do_not_wait_on_each_others_claims(tmp_path):
+    """A claimed W ahead and reads X first; B claimed X ahead and reads W first: each waits for a
+    write the other has not begun. Each gives its unstarted claims back after a second, so both go
+    on at once instead of waiting out the stall timeout (60 s here)."""
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir)
+    w, x = "http://h/w.tar", "http://h/x.tar"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    outs = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    procs = [ctx.Process(target=_crossed, args=(cache_dir, w, x, barrier, outs[0])),
+             ctx.Process(target=_crossed, args=(cache_dir, x, w, barrier, outs[1]))]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(90)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    results = [json.load(open(out)) for out in outs]
+    expected = {u: hashlib.sha256(_data(u)).hexdigest() for u in (w, x)}
+    assert all(r["digests"] == expected for r in results)
+    assert all(r["seconds"] < 20 for r in results), [r["seconds"] for r in results]
+    assert sum(r["stats"]["origin"]["fetches"] for r in results) == 2  # still one download per shard
+    assert _leftovers(cache_dir) == []
+
+
+def _stuck_writer(cache_dir, url, block_size):
+    from shardstream._cache.tiers import DiskTier
+    from shardstream._cache.shardcache import ShardCache
+
+    def origin(u):
+        data = _data(u)
+        yield data[: 2 * block_size]  # two blocks, then nothing: a holder whose reader stopped
+        time.sleep(60)
+        yield data[2 * block_size :]
+
+    for _ in ShardCache([DiskTier(cache_dir, None, chunk_size=block_size)]).stream(url, origin):
+        pass
+
+
+def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
+    from shardstream._cache.tiers import DiskTier
+    from shardstream._cache.shardcache import ShardCache
+
+    cache_dir, url, block = str(tmp_path / "cache"), "http://h/s.tar", 1 << 20
+    os.makedirs(cache_dir)
+    holder = multiprocessing.get_context("fork").Process(target=_stuck_writer, args=(cache_dir, url, block))
+    holder.start()
+    try:
+        _wait_for(lambda: any(os.path.getsize(p) >= 16 + 2 * 8 for p in glob.glob(f"{cache_dir}/.*.sums.tmp")),
+                  "the holder to publish two blocks")
+        cache = ShardCache([DiskTier(cache_dir, None, chunk_size=block, stall_timeout=1.0)])
+        fetched = []
+
+        def origin(u):
+            fetched.append(u)
+            return _origin(u)
+
+        start = time.monotonic()
+        assert b"".join(cache.stream(url, origin)) == _data(url)  # two blocks followed, the rest fetched
+        assert time.monotonic() - start < 10 and fetched == [url]
+        disk = cache.stats()["disk"]
+        assert disk["followed"] == 1 and disk["bypassed"] == 1 and disk["bytes_served"] == 2 * block
+        assert not os.path.exists(cache.tiers[0].path_for(url))  # the holder's claim stays its own
+    finally:
+        holder.kill()
+        holder.join(10)
