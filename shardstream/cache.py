@@ -13,7 +13,7 @@ import urllib.parse
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 from urllib.parse import urlparse
 
-from ._cache.tiers import _pipe_url, cache_file_name
+from ._cache.naming import _pipe_url, cache_file_name
 from ._base.errors import FormatError
 from ._cache.filetype import check_tar_format, get_filetype, magic_filetype
 from ._fetch.open import iter_chunks, local_path_of

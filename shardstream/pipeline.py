@@ -109,7 +109,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def state_dict(self) -> Dict[str, Any]:
         """Where the most recent iterator is: {"epoch", "delivered", "position", "passes",
         "layout", "split"}: items handed out, the resume position of the last one (None where
-        the pipeline can only replay; see `_positions`), the passes run before this iteration
+        the pipeline can only replay; see `_resume.positions`), the passes run before this iteration
         (automatic epochs), this process's rank and world size, and the states this epoch was
         resumed from on another layout. Plain JSON-safe data."""
         delivered, position, passes = self.progress()
@@ -282,7 +282,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self, position: Optional[Sequence[Any]] = None, track: bool = False, resumed: bool = False
     ) -> Iterator[Any]:
         """One pass through the pipeline; with `track`, the iterator has the resume `position`
-        of its last item (see `_positions`), and `position` resumes a pass at one (`resumed`:
+        of its last item (see `_resume.positions`), and `position` resumes a pass at one (`resumed`:
         the pass continues a saved one, also without a position, e.g. after an elastic resume)."""
         config = self.resolved_engine_config()
         engine = self._use_engine(config)
@@ -399,7 +399,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         return (config.ordered or not self._use_engine(config)) and not _runs_elsewhere(self.pipeline[0])
 
     def seekable(self) -> bool:
-        """Whether a pass can be resumed by position rather than replayed (see `_positions`)."""
+        """Whether a pass can be resumed by position rather than replayed (see `_resume.positions`)."""
         return bool(self.pipeline) and self._trackable(self.resolved_engine_config())
 
     def stats(self) -> Optional[PipelineStats]:

@@ -1,6 +1,6 @@
 """Host-to-device prefetch: a background thread pins batches and copies them on a side CUDA stream, `depth` ahead.
 
-The thread follows the engine's worker skeleton (`_channel`): `depth` credits bound the batches
+The thread follows the engine's worker skeleton (`_engine.channel`): `depth` credits bound the batches
 ready ahead, a stop event ends it, and an exception travels as an item and is raised in the
 consumer's thread. On CUDA it pins each batch (page-locked host memory), issues the copies on
 its own stream with `non_blocking=True` and records an event; the consumer's stream waits on

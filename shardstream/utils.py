@@ -44,7 +44,7 @@ __all__ = [
 
 class _UtilsModule(types.ModuleType):
     """`utils.enforce_security` (webdataset's switch, WDS_SECURE=1) reads and sets the one flag in
-    `_security`, so setting it here reaches gopen, pipes and the decoders."""
+    `_base.security`, so setting it here reaches gopen, pipes and the decoders."""
 
     enforce_security = property(lambda self: _security.enforced(), lambda self, value: _security.enforce(value))
 

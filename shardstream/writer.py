@@ -1,6 +1,6 @@
 """webdataset's `writer` module: TarWriter, ShardWriter and the encoders, under the same names.
 
-The implementation lives in `_encode` (encoders) and `_writer` (destinations and writers); the
+The implementation lives in `_writer.encode` (encoders) and `_writer.tarwriter` (destinations and writers); the
 divergences from webdataset are listed in their docstrings.
 """
 

@@ -24,7 +24,8 @@ import xxhash
 
 import shardstream as wds
 from shardstream._cache.check import BlockDigest, CorruptCacheFile
-from shardstream._cache.tiers import DiskTier, _file_lock, cache_file_name
+from shardstream._cache.naming import _file_lock, cache_file_name
+from shardstream._cache.disk import DiskTier
 from shardstream._cache.shardcache import ShardCache
 
 pytestmark = pytest.mark.timeout(60)

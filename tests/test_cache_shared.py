@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 import shardstream as wds
-from shardstream._cache.tiers import cache_file_name
+from shardstream._cache.naming import cache_file_name
 
 pytestmark = pytest.mark.timeout(120)
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
@@ -186,7 +186,7 @@ def _origin(url: str):
 
 
 def _crossed(cache_dir, ahead, first, barrier, out_path):
-    from shardstream._cache.tiers import DiskTier
+    from shardstream._cache.disk import DiskTier
     from shardstream._cache.shardcache import ShardCache
 
     cache = ShardCache([DiskTier(cache_dir, None, stall_timeout=60, lock_timeout=60)])
@@ -224,7 +224,7 @@ def test_processes_reading_in_crossed_orders_do_not_wait_on_each_others_claims(t
 
 
 def _stuck_writer(cache_dir, url, block_size):
-    from shardstream._cache.tiers import DiskTier
+    from shardstream._cache.disk import DiskTier
     from shardstream._cache.shardcache import ShardCache
 
     def origin(u):
@@ -238,7 +238,7 @@ def _stuck_writer(cache_dir, url, block_size):
 
 
 def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
-    from shardstream._cache.tiers import DiskTier
+    from shardstream._cache.disk import DiskTier
     from shardstream._cache.shardcache import ShardCache
 
     cache_dir, url, block = str(tmp_path / "cache"), "http://h/s.tar", 1 << 20

@@ -14,7 +14,9 @@ import time
 
 import pytest
 
-from shardstream._cache.tiers import _HOST, DiskTier, MemoryTier, cache_file_name
+from shardstream._cache.naming import _HOST, cache_file_name
+from shardstream._cache.memory import MemoryTier
+from shardstream._cache.disk import DiskTier
 from shardstream._cache.shardcache import ShardCache
 
 pytestmark = pytest.mark.timeout(30)

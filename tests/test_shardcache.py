@@ -20,7 +20,9 @@ import time
 
 import pytest
 
-from shardstream._cache.tiers import DiskTier, MemoryTier, _file_lock, cache_file_name
+from shardstream._cache.naming import _file_lock, cache_file_name
+from shardstream._cache.memory import MemoryTier
+from shardstream._cache.disk import DiskTier
 from shardstream._base.errors import NetworkError, ShardNotFound, UsageError
 from shardstream._cache.shardcache import ShardCache, cache_from_options
 

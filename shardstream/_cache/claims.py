@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Dict
 
-from .tiers import DiskTier
+from .disk import DiskTier
 
 __all__ = ["ClaimsAhead", "release_claims"]
 

@@ -7,7 +7,7 @@ ran to its end (an early close or an origin error discards the temp file). Acros
 disk tier's `claim` makes exactly one process download a shard while the others wait for it
 and then read the committed file.
 
-Disk hits are checked block by block as they are read (`_cachecheck`). A corrupt file is
+Disk hits are checked block by block as they are read (`_cache.check`). A corrupt file is
 evicted under its URL's claim and the stream goes on from a fresh copy (the origin's, or one
 another process committed meanwhile), skipping the bytes already delivered once they are checked
 against those handed out: the consumer sees one correct stream or an error naming the file.
@@ -23,9 +23,10 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 
 from .._base.errors import UsageError, redact_url
 from .check import CorruptCacheFile, Resume, VerifiedFile
-from .claims import ClaimsAhead, release_claims
+from .claims import ClaimsAhead
 from .share import follow
-from .tiers import DiskTier, MemoryTier, TierCounters
+from .memory import MemoryTier, TierCounters
+from .disk import DiskTier
 
 __all__ = ["ShardCache", "cache_from_options"]
 
@@ -331,7 +332,7 @@ class ShardCache(ClaimsAhead):
         return {"tiers": self.tiers}
 
     def __setstate__(self, state) -> None:
-        self.__init__(state["tiers"])
+        ShardCache.__init__(self, state["tiers"])
 
 
 def _raise_unreplaced(failure: Optional[CorruptCacheFile], exn: Exception) -> None:

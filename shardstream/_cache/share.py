@@ -250,7 +250,7 @@ class FollowEnd(NamedTuple):
 
 def _live_logs(tier, url: str) -> List[Tuple[float, str]]:
     """(mtime, path) of the progress logs of `url`'s writes in progress, newest first."""
-    from .tiers import cache_file_name  # (imports us)
+    from .naming import cache_file_name
 
     pattern = os.path.join(glob.escape(tier.cache_dir), glob.escape(f".{cache_file_name(url)}") + ".*.sums.tmp")
     found = []

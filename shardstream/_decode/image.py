@@ -3,7 +3,7 @@
 Results are identical to webdataset 1.0.2's `ImageHandler`: Pillow opens the bytes, loads them
 and converts to L/RGB/RGBA; numpy specs give HWC arrays (uint8, or float32 in [0, 1]); torch
 specs give CHW tensors (HW for L). No `draft()` shortcuts, since they change the pixels: those
-live in the opt-in fused path (`imagehandler(spec, size=..., crop=...)`, `_fusedimage.py`).
+live in the opt-in fused path (`imagehandler(spec, size=..., crop=...)`, `_decode.fusedimage`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A buffer is a series of chunks, each `magic (8 bytes) | nbytes (int64) | data padded to 64 bytes`;
 each array is a header chunk (`dtype code, info, ndim, dims...` as int64) followed by a data
 chunk. Integers use the machine's byte order, as webdataset's `tenbin` does, so buffers are
-byte-identical to webdataset's on the same machine. Streams and files: `_tenbin_io`.
+byte-identical to webdataset's on the same machine. Streams and files: `_decode.tenbin_io`.
 
 Divergences from webdataset 1.0.2 (each only where webdataset fails or contradicts itself):
 - uint32 works (webdataset's table misspells it "unit32", so it can neither write nor read it).

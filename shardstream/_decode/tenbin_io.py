@@ -1,6 +1,6 @@
 """tenbin over streams and `.ten` files (webdataset's `tenbin.write` / `read` / `save` / `load`).
 
-The chunk layout is `_tenbin`'s: magic, int64 length, data padded to 64 bytes. A chunk cut short
+The chunk layout is `_decode.tenbin`'s: magic, int64 length, data padded to 64 bytes. A chunk cut short
 raises ValueError (webdataset's `read_chunk` returns the short data).
 """
 

@@ -31,7 +31,7 @@ class FetchOptions:
             one). Above 1, and when the server tells the size (Range) and it is more than one
             part, the bytes are fetched as consecutive parts with parallel Range requests and
             handed on strictly in order: this gets past per-connection bandwidth caps. Which
-            parts download is decided for the whole process (see `_parts`): the bytes readers
+            parts download is decided for the whole process (see `_fetch.parts`): the bytes readers
             need soonest first, within `part_budget`. Costs one extra request per URL (its size).
         part_size: bytes per part; None (the default) chooses from what the transfers show:
             2 x time to first byte x per-connection rate, within 1-8 MiB (2 MiB to begin with).

@@ -2,7 +2,7 @@
 
 Threads make decoding cheap, but they share the GIL with the training loop: a step that runs
 Python code (tokenizing, augmenting on the CPU, logging) slows the loader down and is slowed
-down by it. Here the pipeline and its engine threads run in one helper process (see `_helper`)
+down by it. Here the pipeline and its engine threads run in one helper process (see `_loader.helper`)
 and this process only maps each batch's shared-memory segment and unpickles a small header.
 
 Only the recipe crosses at start-up (the dataset pickles as its stage list; caches as their

@@ -24,7 +24,7 @@ resampled mode (with replacement):
     A shard of unknown size counts as one sample for this stopping rule (at least that many, if
     it is not empty) and is read whole: the caller then caps the stream at `samples_for(...)`.
 
-Resume: see `ShardScheduler.resume_plan` and `_schedule_resume`.
+Resume: see `ShardScheduler.resume_plan` and `_plan.elastic`.
 """
 
 from __future__ import annotations

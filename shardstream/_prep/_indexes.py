@@ -1,7 +1,7 @@
 """The two per-shard index files `create` and `index` write, and one scan that finds both.
 
 `<shard>.idx` (ours, read by the loader to seek and count): one line per sample, "OFFSET KEY",
-OFFSET being the sample's first header in the uncompressed tar stream (see `_index`).
+OFFSET being the sample's first header in the uncompressed tar stream (see `_shard.index`).
 
 `<shard>.dali.idx` (NVIDIA DALI's `wds2idx` format, version v1.2, for `fn.readers.webdataset`):
 a first line "v1.2 <samples>", then one line per sample holding, for each of its members in tar

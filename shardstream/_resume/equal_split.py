@@ -8,7 +8,7 @@ pass and identically on every rank, how to split:
   the DataLoader workers shard by shard; nothing is counted or read.
 - every shard's sample count is cheap to know (`counts=` given in code, `sizes.json` beside the
   shards, `.idx` files, or local uncompressed shards whose headers are walked memory-mapped; see
-  `_counts`): the scheduler gives every rank the same number of samples (the < world_size
+  `_shard.counts`): the scheduler gives every rank the same number of samples (the < world_size
   leftover samples of an epoch are dropped by default), its workers equal parts, and a new shard
   order every epoch, the same on all ranks.
 - otherwise (remote shards without counts): webdataset's split, shard by shard, with a one-time
@@ -19,7 +19,7 @@ pass and identically on every rank, how to split:
 Items are yielded as `dict(url, start, stop)`, already cut for this worker.
 
 Resume: a loader's saved state holds, per DataLoader worker, the resume position of the last
-item delivered (see `_positions`), and its layout says when the pass was split shard by shard.
+item delivered (see `_resume.positions`), and its layout says when the pass was split shard by shard.
 With every rank's state (`history`), `resume_state` turns those into the samples each old rank
 had not delivered, so the epoch can be finished on another world size or worker count
 (`ShardScheduler.resume_plan` shares them out); that needs every shard's count.

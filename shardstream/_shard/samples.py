@@ -54,7 +54,7 @@ def shard_samples(
     limit: Optional[int] = None,
     cursor: Optional["ShardCursor"] = None,
 ) -> Iterator[Dict[str, Any]]:
-    """Yield the samples of one shard, given its members in batches (see `_members`).
+    """Yield the samples of one shard, given its members in batches (see `_shard.members`).
 
     `skip` samples are dropped first and at most `limit` are yielded (a shard range). A `cursor`
     is advanced before each yield: samples read, and the byte offset where the next one starts.

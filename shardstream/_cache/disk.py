@@ -1,268 +1,51 @@
-"""Cache tiers: a byte-bounded in-memory LRU and a node-shared, byte-bounded on-disk LRU.
+"""The node-shared, byte-bounded on-disk tier (the in-memory tier is in `memory.py`).
 
 Each tier is a small named strategy with thread-safe counters (the fsspec `caching.py` habit).
 A tier answers `lookup(url)` with a source of byte chunks or None, and hands out `writer(url)`s
 that are committed only when a shard arrived whole. Node-shared tiers (`shared = True`) also
 hand out claims (`try_claim(url)`, `claim(url)`): a per-URL lock across processes, so one process
-downloads a shard while the others follow its write (`_cacheshare`). `ShardCache` (in `_shardcache`) searches tiers in order and streams
+downloads a shard while the others follow its write (`_cache.share`). `ShardCache` (in `_cache.shardcache`) searches tiers in order and streams
 misses through them; the tiers never decide what to fetch.
 
 Disk layout of a `DiskTier` (one directory, so every rename is atomic):
 
     <digest>-<basename>                       committed shard bytes (exactly the origin's bytes)
-    .<digest>-<basename>.meta                 sidecar: size, URL digest, a digest per block (`_cachecheck`)
+    .<digest>-<basename>.meta                 sidecar: size, URL digest, a digest per block (`_cache.check`)
     .<name>.<host>.<pid>.<random>.tmp         a write in progress (or left by a dead process)
     .<name>.<host>.<pid>.<random>.sums.tmp    its progress log: the digests of the blocks written so far,
-                                              which other processes follow (`_cacheshare`)
+                                              which other processes follow (`_cache.share`)
     .locks/<digest>-<basename>, .locks/.evict flock files (never deleted: see `claim`)
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import logging
 import os
-import re
 import secrets
-import socket
 import stat
 import threading
 import time
-from collections import OrderedDict
-from typing import Dict, Iterator, List, Optional, Tuple
-from urllib.parse import urlparse
+from typing import Dict, List, Optional, Tuple
 
 from filelock import FileLock, Timeout
 
 from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
 from .share import DiskWriter, open_progress_log
+from .memory import CHUNK_SIZE, TierCounters
+from .naming import _HOST, _TEMP, _file_lock, _pid_alive, _unlink, _url_digest, cache_file_name
 
-__all__ = ["DiskTier", "MemoryTier", "TierCounters", "cache_file_name"]
+__all__ = ["DiskTier"]
 
-logger = logging.getLogger(__name__)
-
-CHUNK_SIZE = 1 << 20
-TIER_FIELDS = (
-    "hits", "misses", "bytes_served", "bytes_written", "evictions", "invalid", "corrupt", "discarded", "errors",
-    "bypassed", "followed",
-)
-
-_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})(\.sums)?\.tmp$")
-
-
-def _pipe_url(spec: str) -> str:
-    """For `pipe:curl ... URL` specs, the URL inside (so naming matches `cache.pipe_cleaner`)."""
-    if spec.startswith("pipe:"):
-        for word in spec[5:].split(" "):
-            if re.match("^(https?|hdfs|gs|ais|s3):", word):
-                return word
-    return spec
-
-
-def cache_file_name(url: str) -> str:
-    """The cache file name of `url`: a digest of the whole URL, then its basename for humans.
-
-    Same scheme as `cache.url_to_cache_path`, so two URLs with one basename never collide and a
-    name never starts with "." (hidden names are the cache's own bookkeeping).
-    """
-    url = _pipe_url(url)
-    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:20]
-    base = os.path.basename(urlparse(url).path) or "shard"
-    return f"{digest}-{re.sub(r'[^A-Za-z0-9._+-]', '_', base)[-80:]}"
-
-
-def _url_digest(url: str) -> str:
-    return hashlib.sha256(_pipe_url(url).encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def _pid_alive(pid: int) -> bool:
-    """False only when `pid` surely is gone on this host (dead, or a zombie nobody reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: alive, someone else's
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-    except OSError:
-        return True
-    end = text.rfind(b")")  # the command name may itself hold ") "
-    return text[end + 2 : end + 3] != b"Z"
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def _file_lock(path: str) -> FileLock:
-    # Not thread-local: a generator may be resumed (and closed) by a thread other than the one
-    # that took the lock, and a thread-local lock would then silently fail to release.
-    try:
-        return FileLock(path, thread_local=False)
-    except TypeError:  # filelock < 3.10 has no thread-local context at all
-        return FileLock(path)
-
-
-class TierCounters:
-    """Thread-safe event counters of one tier (hits, misses, bytes served and written, ...)."""
-
-    def __init__(self, name: str, fields: Tuple[str, ...] = TIER_FIELDS) -> None:
-        self.name = name
-        self._lock = threading.Lock()
-        self._counts: Dict[str, int] = dict.fromkeys(fields, 0)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for field, n in counts.items():
-                self._counts[field] = self._counts.get(field, 0) + n
-
-    def snapshot(self) -> Dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    def __reduce__(self):  # counts are per process: a pickled copy starts from zero
-        return (TierCounters, (self.name, tuple(self._counts)))
-
-
-class _ChunkSource:
-    """A memory hit: the chunks exactly as they were stored (no copies)."""
-
-    def __init__(self, chunks: Tuple[bytes, ...], size: int) -> None:
-        self.chunks = chunks
-        self.size = size
-        self.path: Optional[str] = None
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.chunks)
-
-    def close(self) -> None:
-        pass
-
-
-class _MemoryWriter:
-    """Collects a shard's chunks; gives up (keeps nothing) once it outgrows the tier."""
-
-    def __init__(self, tier: "MemoryTier", url: str) -> None:
-        self.tier, self.url = tier, url
-        self.chunks: List[bytes] = []
-        self.size = 0
-        self.live = True
-
-    def write(self, chunk: bytes) -> None:
-        if self.live:
-            self.size += len(chunk)
-            if self.size > self.tier.max_bytes:
-                self.abort()
-            else:
-                self.chunks.append(chunk if type(chunk) is bytes else bytes(chunk))
-
-    def commit(self) -> bool:
-        live, self.live = self.live, False
-        return live and self.tier.put(self.url, self.chunks)
-
-    def abort(self) -> None:
-        if self.live:
-            self.live = False
-            self.chunks = []
-            self.tier.counters.add(discarded=1)
-
-
-class MemoryTier:
-    """A byte-bounded LRU of whole shards in this process's memory (opt-in).
-
-    Only shards of at most `max_bytes` are kept; `max_bytes=0` keeps nothing.
-    """
-
-    shared = False
-
-    def __init__(self, max_bytes: int, *, name: str = "memory") -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = int(max_bytes)
-        self.name = name
-        self.counters = TierCounters(name)
-        self._lock = threading.Lock()
-        self._entries: "OrderedDict[str, Tuple[Tuple[bytes, ...], int]]" = OrderedDict()
-        self._nbytes = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, url: str) -> bool:
-        return url in self._entries
-
-    def lookup(self, url: str, *, repair: bool = False) -> Optional[_ChunkSource]:
-        """The shard's chunks if held (and mark it most recently used), else None."""
-        with self._lock:
-            entry = self._entries.get(url)
-            if entry is None:
-                return None
-            self._entries.move_to_end(url)
-        return _ChunkSource(*entry)
-
-    def writer(self, url: str, size_hint: Optional[int] = None) -> Optional[_MemoryWriter]:
-        """A writer collecting `url`'s chunks, or None when the shard cannot fit."""
-        if self.max_bytes <= 0 or (size_hint is not None and size_hint > self.max_bytes):
-            return None
-        return _MemoryWriter(self, url)
-
-    def put(self, url: str, chunks) -> bool:
-        """Keep a whole shard (bytes or a sequence of chunks), evicting least recently used ones."""
-        chunks = (chunks,) if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks
-        chunks = tuple(c if type(c) is bytes else bytes(c) for c in chunks)
-        size = sum(len(c) for c in chunks)
-        if self.max_bytes <= 0 or size > self.max_bytes:
-            return False
-        evicted = 0
-        with self._lock:
-            old = self._entries.pop(url, None)
-            if old is not None:
-                self._nbytes -= old[1]
-            while self._entries and self._nbytes + size > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._nbytes -= dropped
-                evicted += 1
-            self._entries[url] = (chunks, size)
-            self._nbytes += size
-        self.counters.add(bytes_written=size, evictions=evicted)
-        return True
-
-    def discard(self, url: str) -> bool:
-        with self._lock:
-            entry = self._entries.pop(url, None)
-            if entry is not None:
-                self._nbytes -= entry[1]
-        return entry is not None
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._nbytes = 0
-
-    def __getstate__(self):  # contents stay in this process; a pickled tier starts empty
-        return {"max_bytes": self.max_bytes, "name": self.name}
-
-    def __setstate__(self, state) -> None:
-        self.__init__(state["max_bytes"], name=state["name"])
+logger = logging.getLogger("shardstream._cache.tiers")
 
 
 class _Claim:
     """The right to fetch one URL into a disk tier; `release` lets waiting processes in."""
 
     def __init__(self, tier: "DiskTier", url: str, lock: FileLock) -> None:
-        self.tier, self.url, self.lock = tier, url, lock
+        self.tier, self.url = tier, url
+        self.lock: Optional[FileLock] = lock
 
     def release(self) -> None:
         if self.lock is not None:
@@ -657,4 +440,4 @@ class DiskTier:
 
     def __setstate__(self, state) -> None:
         state = dict(state)
-        self.__init__(state.pop("cache_dir"), state.pop("max_bytes"), **state)
+        DiskTier.__init__(self, state.pop("cache_dir"), state.pop("max_bytes"), **state)
