@@ -15,6 +15,10 @@ Disk layout of a `DiskTier` (one directory, so every rename is atomic):
     .<name>.<host>.<pid>.<random>.sums.tmp    its progress log: the digests of the blocks written so far,
                                               which other processes follow (`_cache.share`)
     .locks/<digest>-<basename>, .locks/.evict flock files (never deleted: see `claim`)
+
+Why this module is over 400 lines: DiskTier is one class whose parts (lookup, writers, claims,
+eviction, cleanup of dead writers' files) share one directory's invariants and one lock; names,
+liveness and locks are in `naming.py`, the writer thread and followers in `share.py`.
 """
 
 from __future__ import annotations
