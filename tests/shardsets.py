@@ -7,11 +7,13 @@ and samples with missing components.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
+import random
 import tarfile
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 from PIL import Image
@@ -123,3 +125,30 @@ def make_shardset(root: str) -> List[str]:
     members = sample_members(96, exts=("json",)) + sample_members(97, exts=("cls", "json"))
     shards.append(write_tar(os.path.join(root, "shard-005.tar"), members))
     return shards
+
+
+def random_payload_shard(seed: int, samples: int, payload: int) -> bytes:
+    """A USTAR shard of `samples` samples: a random `payload`-byte .bin and a .txt naming it."""
+    rng = random.Random(seed)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(samples):
+            for ext, data in (("bin", rng.randbytes(payload)), ("txt", f"sample {seed}/{i}".encode())):
+                info = tarfile.TarInfo(f"s{seed}{i:03d}.{ext}")
+                info.size, info.mtime = len(data), 0
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_served(root: str, names: List[str], samples: int, payload: int) -> Dict[str, bytes]:
+    """Write random_payload_shard(n) as root/names[n]; returns {name: bytes}."""
+    contents = {name: random_payload_shard(n, samples, payload) for n, name in enumerate(names)}
+    for name, data in contents.items():
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(data)
+    return contents
+
+
+def payload_digests(samples) -> list:
+    """(key, sha256 of .bin, .txt) of each sample of random_payload_shard shards."""
+    return [(s["__key__"], hashlib.sha256(s["bin"]).hexdigest(), s["txt"].decode()) for s in samples]

@@ -20,6 +20,7 @@ import warnings
 import zlib
 
 import pytest
+from shardsets import payload_digests, write_served
 import xxhash
 
 import shardstream as wds
@@ -35,25 +36,10 @@ SAMPLES, PAYLOAD = 12, 256 << 10  # about 3 MiB a shard: four 1 MiB CRC blocks
 NAMES = ["shard-0.tar", "shard-1.tar"]
 
 
-def _shard(seed: int) -> bytes:
-    rng = random.Random(seed)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(SAMPLES):
-            for ext, data in (("bin", rng.randbytes(PAYLOAD)), ("txt", f"sample {seed}/{i}".encode())):
-                info = tarfile.TarInfo(f"s{seed}{i:03d}.{ext}")
-                info.size, info.mtime = len(data), 0
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    contents = {name: _shard(n) for n, name in enumerate(NAMES)}
-    for name, data in contents.items():
-        (root / name).write_bytes(data)
-    return str(root), contents
+    return str(root), write_served(str(root), NAMES, SAMPLES, PAYLOAD)
 
 
 def _where(data: bytes, part: str) -> int:
@@ -81,7 +67,7 @@ def _corrupt(path: str, offset: int, length: int = 16) -> None:
 
 
 def _digests(samples):
-    return [(s["__key__"], hashlib.sha256(s["bin"]).hexdigest(), s["txt"].decode()) for s in samples]
+    return payload_digests(samples)
 
 
 def _expected(files):

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import io
 import json
 import multiprocessing
 import os
 import random
 import signal
-import tarfile
 import time
 import warnings
 
 import pytest
+from shardsets import payload_digests, write_served
 
 import shardstream as wds
 from shardstream._cache.naming import cache_file_name
@@ -29,29 +28,14 @@ NAMES = [f"shard-{n}.tar" for n in range(4)]
 PROCESSES = 4
 
 
-def _shard(seed: int) -> bytes:
-    rng = random.Random(seed)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(SAMPLES):
-            for ext, data in (("bin", rng.randbytes(PAYLOAD)), ("txt", f"sample {seed}/{i}".encode())):
-                info = tarfile.TarInfo(f"s{seed}{i:03d}.{ext}")
-                info.size, info.mtime = len(data), 0
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    contents = {name: _shard(n) for n, name in enumerate(NAMES)}
-    for name, data in contents.items():
-        (root / name).write_bytes(data)
-    return str(root), contents
+    return str(root), write_served(str(root), NAMES, SAMPLES, PAYLOAD)
 
 
 def _digests(samples):
-    return [[s["__key__"], hashlib.sha256(s["bin"]).hexdigest(), s["txt"].decode()] for s in samples]
+    return [list(d) for d in payload_digests(samples)]
 
 
 def _expected(files, names=NAMES):
