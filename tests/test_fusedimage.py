@@ -331,3 +331,22 @@ def test_auto_picks_the_fastest_installed_pair_and_never_imports_torch():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["simplejpeg", "pillow", "False"]
+
+
+def test_torch_resizer_uses_one_intra_op_thread_per_pool_thread_only(tmp_path, small):
+    """Nested intra-op threads only oversubscribe the decode pool's cores: each pool thread gets
+    one (OpenMP keeps it per thread); the caller's own setting is left alone."""
+    with wds.TarWriter(str(tmp_path / "i.tar")) as sink:
+        for i in range(8):
+            sink.write({"__key__": f"s{i}", "jpg": small})
+    before = torch.get_num_threads()
+    if before == 1:
+        pytest.skip("torch runs one intra-op thread here already: nothing to show")
+    dataset = (
+        wds.WebDataset(str(tmp_path / "i.tar"), shardshuffle=False)
+        .decode(wds.imagehandler("rgb8", size=224, crop="center", resizer="torch"))
+        .map(lambda sample: torch.get_num_threads())  # runs on the pool thread that decoded
+        .with_engine(threads=2)
+    )
+    assert set(dataset) == {1}
+    assert torch.get_num_threads() == before

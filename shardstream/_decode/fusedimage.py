@@ -32,6 +32,7 @@ from typing import Any, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
+from .._base.threadnames import POOL_THREAD_PREFIX
 from .image import IMAGE_EXTENSIONS, FieldHandler, _pil, _to_array, imagespecs
 
 __all__ = ["CROPS", "FusedImageHandler", "center_box", "random_box", "resize_box"]
@@ -359,12 +360,31 @@ def _whole(value: float) -> bool:
     return abs(value - round(value)) < 1e-6
 
 
+_pool_thread = threading.local()
+
+
+def _one_intra_op_thread(torch: Any) -> None:
+    """On the engine's decode pool threads, torch's intra-op threads only oversubscribe the cores
+    the pool already keeps busy (OpenMP's spinning cost ~10% CPU per image here): give each pool
+    thread one. With the OpenMP backend the setting is per thread; other threads keep theirs."""
+    if getattr(_pool_thread, "checked", False):
+        return
+    _pool_thread.checked = True
+    if threading.current_thread().name.startswith(POOL_THREAD_PREFIX) and _openmp(torch):
+        torch.set_num_threads(1)
+
+
+def _openmp(torch: Any) -> bool:
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
 def _resize_torch(pixels: np.ndarray, box: Box, out: Tuple[int, int], resample: int, grid: bool,
                   chw: bool) -> np.ndarray:
     """The box of an HWC (or HW) uint8 array at size `out` (width, height), resampled by
     torch's antialiased kernels on Pillow's sampling grid (`grid`: see `_torch_axis`); an HWC
     (HW) uint8 view, over CHW memory with `chw` (what torch specs want), else over HWC memory."""
     torch = _torch()
+    _one_intra_op_thread(torch)
     kernel, support = _TORCH_KERNELS[resample]
     height, width = pixels.shape[:2]
     x0, x1, skip_x, scale_x = _torch_axis(box[0], box[2], out[0], width, support, grid)

@@ -7,6 +7,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict
 
+from .._base.threadnames import POOL_THREAD_PREFIX
+
 __all__ = ["get_pool"]
 
 _lock = threading.Lock()
@@ -23,7 +25,7 @@ def get_pool(threads: int) -> ThreadPoolExecutor:
             _pid = os.getpid()
         pool = _pools.get(threads)
         if pool is None:
-            pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix=f"shardstream-pool{threads}")
+            pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix=f"{POOL_THREAD_PREFIX}{threads}")
         return pool
 
 
