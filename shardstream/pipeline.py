@@ -22,7 +22,6 @@ from ._plan.ranks import pytorch_worker_info
 from ._resume.states import (
     choose_state,
     replay_offsets,
-    replayable,
     unseeded_stages,
     worker_view,
 )
@@ -235,7 +234,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         )
         if ordered and kind == "seek":
             return None
-        if ordered and source is not None and kind == "count" and index == source + 1 and replayable(stages[index]):
+        if ordered and source is not None and kind == "count" and index == source + 1 and traits(stages[index]).replayable:
             return functools.partial(replay_offsets, stages[index])
         raise UsageError(
             "resuming on another world size or worker count needs shards read in the splitter's order "

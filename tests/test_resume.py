@@ -75,6 +75,7 @@ STAGES = {
     "shard_shuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=3, seed=5)),
     "detshuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=3, detshuffle=True, seed=5)),
     "seeded_sample_shuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=False, seed=9).shuffle(20)),
+    "explicit_seed_shuffle": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)).shuffle(20, seed=7),
     "partial_batches": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)).batched(7),
     "unbatched": lambda s: keyed(wds.WebDataset(s, shardshuffle=False)).batched(5).unbatched(),
     "equal_split_rank1": lambda s: keyed(wds.WebDataset(s, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node)),
@@ -322,7 +323,9 @@ def uneven_shards(tmp_path_factory):
 
 def _elastic_loader(shards, workers, shuffle=0):
     ds = wds.WebDataset(shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node)
-    if shuffle:
+    if shuffle == "explicit":
+        ds = ds.shuffle(10, seed=11)  # webdataset's shuffle with its own seed: replayable too
+    elif shuffle:
         ds = ds.shuffle(shuffle)  # seeded by (seed, epoch, rank, worker): elastic resume recomputes it
     ds = ds.to_tuple("__key__").batched(4)
     return wds.WebLoader(ds, batch_size=None, num_workers=workers)
@@ -351,7 +354,7 @@ def _run_ranks(monkeypatch, world, workers, build, take=None, load=None):
     return keys, states
 
 
-@pytest.mark.parametrize("shuffle", [0, 10])
+@pytest.mark.parametrize("shuffle", [0, 10, "explicit"])
 @pytest.mark.parametrize("new_world,new_workers", [(3, 1), (1, 3), (2, 1), (4, 2)])
 def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world, new_workers, shuffle):
     build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle)  # noqa: E731
@@ -779,6 +782,9 @@ HARNESS = {
     "_log_keys": ["test_resume_direct[clean_cut_filters]"],
     "_xdecode": ["test_resume_direct[clean_cut_filters]"],
     "check_empty": ["test_resume_direct[source]"],
+    "_shuffle": ["test_resume_direct[explicit_seed_shuffle]", "test_elastic_resume_finishes_the_epoch",
+                 "test_elastic_resume_refuses_what_it_cannot_do"],
+    "_rsample": ["test_unseeded_random_stages_warn_on_resume"],
 }
 
 

@@ -1,8 +1,8 @@
 """Saved states across ranks, and the stages a resume must be able to run again.
 
 `choose_state` picks this process's own state out of every rank's (or decides to resume
-elastically); `gather_states` collects them over torch.distributed; `replayable` and
-`replay_offsets` recompute what a seeded shuffle buffer handed on, for an elastic resume;
+elastically); `gather_states` collects them over torch.distributed; `replay_offsets` recomputes what a
+replayable (seeded) shuffle buffer handed on, for an elastic resume;
 `unseeded_stages` names the random stages that make a resume inexact; `worker_view` reads the
 per-worker progress of either kind of saved state.
 """
@@ -18,9 +18,8 @@ from .._base.errors import UsageError
 from .._plan.ranks import simulated_layout
 from .._stages.contract import PipelineStage, StreamStage
 from .._stages.resumable import EpochAware, traits
-from .._stages.stream_filters import _rsample, _shuffle
 
-__all__ = ["choose_state", "gather_states", "replay_offsets", "replayable", "unseeded_stages", "worker_view"]
+__all__ = ["choose_state", "gather_states", "replay_offsets", "unseeded_stages", "worker_view"]
 
 
 def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -50,16 +49,6 @@ def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, An
     return result
 
 
-def replayable(stage: Any) -> bool:
-    """Whether a shuffle stage gives the same order when run again on the same items (seeded)."""
-    if traits(stage).replayable:
-        return True
-    return (
-        isinstance(stage, StreamStage) and stage.f is _shuffle
-        and stage.kw.get("seed") is not None and stage.kw.get("rng") is None and len(stage.args) < 3
-    )
-
-
 def replay_offsets(stage: Any, epoch: int, rank: int, world: int, worker: int, workers: int,
                     length: int, count: int) -> List[int]:
     """The first `count` outputs of a fresh copy of `stage` fed 0..length-1 as (rank, worker)."""
@@ -72,16 +61,13 @@ def replay_offsets(stage: Any, epoch: int, rank: int, world: int, worker: int, w
 
 
 def unseeded_stages(stages: Sequence[Any]) -> List[str]:
-    """Names of the stages whose random choices another run cannot make again."""
-    names = [
-        "sample shuffle" for s in stages
-        if isinstance(s, StreamStage) and s.f is _shuffle and s.kw.get("seed") is None
-        and s.kw.get("rng") is None and len(s.args) < 3
+    """Names of the stages whose random choices another run cannot make again (an unseeded sample
+    shuffle, rsample, RandomMix or ResampledShards without a seed: their `ResumeTraits`)."""
+    names = {"_shuffle": "sample shuffle"}
+    return [
+        names.get(s.f.__name__, s.name) if isinstance(s, StreamStage) else type(s).__name__
+        for s in stages if not traits(s).deterministic
     ]
-    names += ["rsample" for s in stages if isinstance(s, StreamStage) and s.f is _rsample]
-    # RandomMix, ResampledShards without a seed
-    names += [type(s).__name__ for s in stages if not traits(s).deterministic]
-    return names
 
 
 def worker_view(state: Optional[Dict[str, Any]]) -> Tuple[Dict[int, int], Dict[int, Any]]:

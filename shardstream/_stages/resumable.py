@@ -64,10 +64,14 @@ CLEAN_CUT = ResumeTraits(clean_cut=True)
 
 def traits(stage: Any) -> ResumeTraits:
     """The resume traits of a stage: its `resume_traits`, or for a curried generator function
-    (StreamStage) its function's; NO_TRAITS when it declares none."""
+    (StreamStage) its function's, which may also be a function of the stage's arguments
+    (`f.resume_traits(*args, **kw) -> ResumeTraits`: a shuffle is replayable when seeded);
+    NO_TRAITS when it declares none."""
     found = getattr(stage, "resume_traits", None)
     if found is None and hasattr(stage, "f") and hasattr(stage, "kw"):  # a StreamStage
         found = getattr(stage.f, "resume_traits", None)
+        if callable(found) and not isinstance(found, ResumeTraits):
+            found = found(*stage.args, **stage.kw)
     return found if isinstance(found, ResumeTraits) else NO_TRAITS
 
 

@@ -67,6 +67,15 @@ def _shuffle(data, bufsize=1000, initial=100, rng=None, seed=None, handler=None)
         yield pick(buf, rng)
 
 
+def _shuffle_traits(bufsize=1000, initial=100, rng=None, seed=None, handler=None) -> ResumeTraits:
+    """A seeded shuffle gives the same order again (a resume may recompute it); one without a
+    seed or an rng of the caller's cannot be repeated by a resumed run."""
+    return ResumeTraits(replayable=seed is not None and rng is None, deterministic=seed is not None or rng is not None)
+
+
+_shuffle.resume_traits = _shuffle_traits  # type: ignore[attr-defined]
+
+
 class detshuffle(PipelineStage):
     """Shuffle seeded by seed + epoch; the epoch advances on every pass."""
 
@@ -204,6 +213,9 @@ def _rsample(data, p=0.5):
     for sample in data:
         if random.uniform(0.0, 1.0) < p:
             yield sample
+
+
+_rsample.resume_traits = ResumeTraits(deterministic=False)  # type: ignore[attr-defined]  # the random module's draws
 
 
 @clean_cut
