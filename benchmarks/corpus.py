@@ -49,22 +49,25 @@ class CorpusSpec:
             raise ValueError(f"need 1 <= shards <= samples, got {self.shards} shards, {self.samples} samples")
 
 
-def natural_image(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
-    """Render a photo-like RGB image: smooth colour field, blurred shapes, texture and sensor noise."""
+def natural_image(rng: np.random.Generator, width: int, height: int, *, shapes=(3, 9), min_box: int = 20,
+                  blur: float = 1.5, texture_step: int = 3, texture=(22, 40), noise=(20, 32)) -> np.ndarray:
+    """Render a photo-like RGB image: smooth colour field, blurred shapes, texture and sensor noise
+    (the keywords tune them: how many shapes and their least size, the blur, the texture's grain
+    and strength range, the noise's sigma range)."""
     grid = rng.integers(0, 256, (3, 4, 3), dtype=np.uint8)
     canvas = Image.fromarray(grid).resize((width, height), Image.BICUBIC)
     draw = ImageDraw.Draw(canvas)
-    for _ in range(int(rng.integers(3, 9))):
+    for _ in range(int(rng.integers(*shapes))):
         x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
-        box = [x0, y0, x0 + int(rng.integers(20, width // 2)), y0 + int(rng.integers(20, height // 2))]
+        box = [x0, y0, x0 + int(rng.integers(min_box, width // 2)), y0 + int(rng.integers(min_box, height // 2))]
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=colour)
-    pixels = np.asarray(canvas.filter(ImageFilter.GaussianBlur(1.5)), dtype=np.float32)
+    pixels = np.asarray(canvas.filter(ImageFilter.GaussianBlur(blur)), dtype=np.float32)
     # Texture and noise are what make JPEG sizes realistic; their strengths vary per image.
-    texture = rng.normal(0, 1, (height // 3, width // 3)).astype(np.float32)
-    texture = np.asarray(Image.fromarray(texture, mode="F").resize((width, height), Image.BICUBIC))
-    pixels += rng.uniform(22, 40) * texture[..., None]
-    pixels += rng.normal(0, rng.uniform(20, 32), pixels.shape).astype(np.float32)
+    grain = rng.normal(0, 1, (height // texture_step, width // texture_step)).astype(np.float32)
+    grain = np.asarray(Image.fromarray(grain, mode="F").resize((width, height), Image.BICUBIC))
+    pixels += rng.uniform(*texture) * grain[..., None]
+    pixels += rng.normal(0, rng.uniform(*noise), pixels.shape).astype(np.float32)
     return pixels.clip(0, 255).astype(np.uint8)
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageFilter
 
 import corpus
 
@@ -49,20 +49,10 @@ class MediaSpec:
 
 
 def large_photo(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
-    """A photo-like image with camera-like noise (see the module docstring)."""
-    canvas = Image.fromarray(rng.integers(0, 256, (3, 4, 3), dtype=np.uint8)).resize((width, height), Image.BICUBIC)
-    draw = ImageDraw.Draw(canvas)
-    for _ in range(int(rng.integers(4, 10))):
-        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
-        box = [x0, y0, x0 + int(rng.integers(40, width // 2)), y0 + int(rng.integers(40, height // 2))]
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=colour)
-    pixels = np.asarray(canvas.filter(ImageFilter.GaussianBlur(2.0)), dtype=np.float32)
-    texture = rng.normal(0, 1, (height // 4, width // 4)).astype(np.float32)
-    texture = np.asarray(Image.fromarray(texture, mode="F").resize((width, height), Image.BICUBIC))
-    pixels += rng.uniform(10, 18) * texture[..., None]
-    pixels += rng.normal(0, rng.uniform(5, 9), pixels.shape).astype(np.float32)
-    return pixels.clip(0, 255).astype(np.uint8)
+    """A photo-like image with camera-like noise (see the module docstring): corpus.natural_image
+    with larger shapes, finer texture and less noise."""
+    return corpus.natural_image(rng, width, height, shapes=(4, 10), min_box=40, blur=2.0, texture_step=4,
+                                texture=(10, 18), noise=(5, 9))
 
 
 def _large_items(spec: MediaSpec, rng: np.random.Generator):

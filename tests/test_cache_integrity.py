@@ -20,6 +20,7 @@ import warnings
 import zlib
 
 import pytest
+from children import run_children
 from shardsets import payload_digests, write_served
 import xxhash
 
@@ -171,12 +172,7 @@ def test_two_processes_share_one_refetch_of_a_corrupt_file(server, files, tmp_pa
     barrier = ctx.Barrier(2)
     outs = [str(tmp_path / f"out{n}.json") for n in range(2)]
     procs = [ctx.Process(target=_read_in_child, args=(urls, cache_dir, barrier, out)) for out in outs]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(45)
-    assert [proc.exitcode for proc in procs] == [0, 0]
-    results = [json.load(open(out)) for out in outs]
+    results = run_children(procs, outs, 45)
     for result in results:
         assert [tuple(s) for s in result["samples"]] == expected
     _fetched_once(files[1][NAMES[0]], before, server.stats.snapshot())  # not once per process
@@ -223,12 +219,7 @@ def test_two_processes_reading_one_corrupt_file_fetch_it_once(tmp_path):
         ctx.Process(target=_stream_in_child, args=(str(tmp_path / "cache"), url, data, barrier, log_path, out))
         for out in outs
     ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(30)
-    assert [proc.exitcode for proc in procs] == [0, 0]
-    results = [json.load(open(out)) for out in outs]
+    results = run_children(procs, outs, 30)
     assert all(r["ok"] for r in results)
     assert len(open(log_path).read().split()) == 1  # one fetch between them
     warned = sorted(m for r in results for m in r["warnings"])

@@ -15,6 +15,7 @@ import time
 import warnings
 
 import pytest
+from children import run_children
 from shardsets import payload_digests, write_served
 
 import shardstream as wds
@@ -194,12 +195,7 @@ def test_processes_reading_in_crossed_orders_do_not_wait_on_each_others_claims(t
     outs = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
     procs = [ctx.Process(target=_crossed, args=(cache_dir, w, x, barrier, outs[0])),
              ctx.Process(target=_crossed, args=(cache_dir, x, w, barrier, outs[1]))]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(90)
-    assert [proc.exitcode for proc in procs] == [0, 0]
-    results = [json.load(open(out)) for out in outs]
+    results = run_children(procs, outs, 90)
     expected = {u: hashlib.sha256(_data(u)).hexdigest() for u in (w, x)}
     assert all(r["digests"] == expected for r in results)
     assert all(r["seconds"] < 20 for r in results), [r["seconds"] for r in results]

@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
 
 import pytest
 from botocore.exceptions import (
@@ -25,6 +24,7 @@ from faultproxy import FaultProxy
 from motoserver import free_port, moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
 
 from shardstream._fetch import options as _fetch
+from shardstream._fetch.options import FetchOptions
 from shardstream._fetch import s3 as _s3
 from shardstream._fetch import s3client as _s3client
 from shardstream._base.errors import (
@@ -41,17 +41,10 @@ KB = 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@dataclass(frozen=True)
-class Options:
-    """Stand-in for the fetch options dataclass (owned by shardstream._fetch.stream)."""
-
-    connect_timeout: float = 5.0
-    stall_timeout: float = 10.0
-    retries: int = 3
-    backoff_base: float = 0.01
-    backoff_max: float = 0.05
-    chunk_size: int = 256 * KB
-    prefetch_bytes: int = 4 * 1024 * KB
+# The fetch options these tests run with: short timeouts and backoffs, a small chunk size.
+OPTIONS = FetchOptions(connect_timeout=5.0, stall_timeout=10.0, retries=3, backoff_base=0.01, backoff_max=0.05,
+                       chunk_size=256 * KB, prefetch_bytes=4 * 1024 * KB)
+Options = OPTIONS.replace  # Options(retries=2): the same with one change
 
 
 def payload(n: int) -> bytes:
@@ -113,7 +106,7 @@ def test_stream_equals_object(bucket, s3_admin, size):
     before = _s3.s3_stats.snapshot()
     chunks = run(lambda: collect(f"s3://{bucket}/shard.tar"))
     assert b"".join(chunks) == data
-    assert all(len(c) == Options.chunk_size for c in chunks[:-1]) and all(chunks)
+    assert all(len(c) == OPTIONS.chunk_size for c in chunks[:-1]) and all(chunks)
     counts = delta(before)
     assert counts["bytes"] == size and counts["requests"] == 1 and counts["retries"] == 0
 
@@ -125,10 +118,10 @@ def test_start_offsets(bucket, s3_admin):
 
     async def body():
         sent = await recorded("GetObject")
-        for start in (1, Options.chunk_size, len(data) - 1, len(data)):
+        for start in (1, OPTIONS.chunk_size, len(data) - 1, len(data)):
             assert b"".join(await collect(url, start=start)) == data[start:], start
         assert [header(h, "Range") for h in sent] == [
-            "bytes=1-", f"bytes={Options.chunk_size}-", f"bytes={len(data) - 1}-", f"bytes={len(data)}-"
+            "bytes=1-", f"bytes={OPTIONS.chunk_size}-", f"bytes={len(data) - 1}-", f"bytes={len(data)}-"
         ]
         with pytest.raises(FetchError) as info:
             await collect(url, start=len(data) + 5)
@@ -268,7 +261,7 @@ def test_resume_after_broken_body(bucket, s3_admin, proxy):
 
     chunks, sent, counts, fetch_counts = run(body)
     assert b"".join(chunks) == data
-    assert all(len(c) == Options.chunk_size for c in chunks[:-1])  # a resume does not split chunks
+    assert all(len(c) == OPTIONS.chunk_size for c in chunks[:-1])  # a resume does not split chunks
     assert [header(h, "Range") for h in sent] == [None, "bytes=100000-", "bytes=100050-"]
     assert [header(h, "If-Match") for h in sent] == [None, put["ETag"], put["ETag"]]
     assert counts["resumes"] == 2 and counts["retries"] == 2 and counts["bytes"] == len(data)
@@ -294,7 +287,7 @@ def test_object_replaced_mid_stream_is_an_error(bucket, s3_admin, proxy):
     url = f"s3://{bucket}/c.tar"
 
     async def body():
-        proxy.breaks[:] = [Options.chunk_size + 5]
+        proxy.breaks[:] = [OPTIONS.chunk_size + 5]
         stream = _s3.s3_stream(url, options=Options())
         first = await stream.__anext__()
         s3_admin.put_object(Bucket=bucket, Key="c.tar", Body=payload(600 * KB))  # a new ETag
@@ -307,9 +300,9 @@ def test_object_replaced_mid_stream_is_an_error(bucket, s3_admin, proxy):
         return first, info.value
 
     first, error = run(body)
-    assert len(first) == Options.chunk_size
+    assert len(first) == OPTIONS.chunk_size
     assert "changed" in str(error) and not isinstance(error, NetworkError)
-    assert url in str(error) and error.offset == Options.chunk_size + 5
+    assert url in str(error) and error.offset == OPTIONS.chunk_size + 5
 
 
 def test_retries_are_spent_on_a_body_that_keeps_breaking(bucket, s3_admin, proxy):

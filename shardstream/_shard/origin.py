@@ -11,12 +11,7 @@ from .._fetch.options import FetchOptions
 from .._fetch.registry import fetches_natively
 from .._fetch.stream import ChunkStream, open_stream
 
-__all__ = ["is_remote", "open_origin", "pulling", "shard_range", "source_url"]
-
-
-def is_remote(url: str) -> bool:
-    """Shards fetched by the registry's async fetchers (the rest go through _open: files, pipe:, fsspec)."""
-    return fetches_natively(url)
+__all__ = ["open_origin", "pulling", "shard_range", "source_url"]
 
 
 def open_origin(
@@ -24,7 +19,7 @@ def open_origin(
 ) -> Iterable[bytes]:
     """The bytes of `url` from byte `start`, from where it lives: our async fetchers for
     http(s) and s3 (retries, Range resume, one shared session), else files, `pipe:` and fsspec."""
-    if is_remote(url):
+    if fetches_natively(url):
         return open_stream(url, options=options, start=start)
     return iter_chunks(url, allow_pipe=allow_pipe, start=start)
 

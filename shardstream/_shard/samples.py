@@ -27,6 +27,7 @@ from .._cache.check import CorruptCacheFile, VerifiedFile
 from .._cache.shardcache import ShardCache
 from .._fetch.open import local_path_of
 from .._fetch.options import FetchOptions
+from .._fetch.registry import fetches_natively
 from .._fetch.stream import ChunkStream, open_stream
 from .._stages.contract import PipelineStage
 from .._stages.resumable import ResumeTraits
@@ -35,7 +36,7 @@ from .._tar.keys import base_plus_ext, is_meta
 from .._tar.reader import TarMember
 from .index import index_position
 from .members import SourceStats, chunk_member_batches, mapped_member_batches, member_batches
-from .origin import is_remote, open_origin, pulling, shard_range, source_url
+from .origin import open_origin, pulling, shard_range, source_url
 
 __all__ = ["ShardCursor", "TarShardSamples", "shard_samples"]
 
@@ -218,7 +219,7 @@ class TarShardSamples(PipelineStage):
     def _open_ahead(self, url: str, start: int) -> Optional[ChunkStream]:
         """Start downloading a remote shard now, unless the cache serves it. The cache's claim is
         taken first (`prepare`), so of the processes sharing a cache only one opens the origin."""
-        if self.opener is not None or start or not is_remote(url):
+        if self.opener is not None or start or not fetches_natively(url):
             return None
         if self.cache is not None and not self.cache.prepare(url):
             return None
