@@ -160,3 +160,46 @@ def test_a_forked_child_starts_with_a_fresh_budget(budget):
     assert os.read(read, 1) == b"1"
     assert parts._budget.used == 3 * PART  # the parent's is untouched
     parts._budget.used = 0
+
+
+def test_a_reader_window_keeps_shards_opened_ahead_from_taking_the_budget():
+    """The streams a reader opened ahead wait until the ones before it say their size and the
+    reader is within the budget of their start: the shard being read gets the connections."""
+
+    async def scenario():
+        budget = parts.PartBudget(4 * PART)
+        reader = object()
+        current, ahead = budget.open(reader, 0), budget.open(reader, 0)
+        other = budget.open(None, 0)  # another reader's stream: its own window
+        other_part = parts._Part(0, PART, (2, 0), other)
+        head = parts._Part(0, PART, (1, 0), ahead)
+        front = parts._Part(0, PART, (0, 0), current)
+        waiting = {"head": asyncio.ensure_future(budget.acquire(head)),
+                   "front": asyncio.ensure_future(budget.acquire(front)),
+                   "other": asyncio.ensure_future(budget.acquire(other_part))}
+        await asyncio.sleep(0)
+        log = [sorted(name for name, task in waiting.items() if task.done())]  # size of `current` unknown
+        budget.sized(current, 10 * PART)
+        rest = [parts._Part(i * PART, (i + 1) * PART, (0, i), current) for i in range(1, 10)]
+        tasks = [asyncio.ensure_future(budget.acquire(part)) for part in rest]
+        await asyncio.sleep(0)
+        log.append(sum(task.done() for task in tasks))  # the window: bytes 0 to 4 parts
+        log.append(waiting["head"].done())
+        budget.release(other_part)  # (all four held parts now belong to `current`)
+        for part in [front] + rest[:6]:  # the reader hands on 7 parts
+            current.read_to = part.stop
+            budget.release(part)
+            await asyncio.sleep(0)
+        log.append(sum(task.done() for task in tasks))
+        log.append(waiting["head"].done())  # 3 parts left of `current` + its first part: within 4
+        for task in [*waiting.values(), *tasks]:
+            task.cancel()
+        return log
+
+    import asyncio
+
+    log = run_coroutine(scenario()).result(5)
+    assert log[0] == ["front", "other"]  # the head waits: its reader reads `current` first, size unknown
+    assert log[1] == 2  # parts 1-2 join part 0 and the other reader's part: 4 parts held
+    assert log[2] is False  # `current` has 10 parts: the head is far beyond the window
+    assert log[3] == 9 and log[4] is True

@@ -1,24 +1,29 @@
-"""Many URLs as ranged parts on many connections, handed on in order, under one byte budget.
+"""Many URLs as ranged parts on many connections, handed on in order, within one window of bytes.
 
 A server that caps each connection (object stores, CDNs: ~25-100 MB/s each) is only fast over
 many connections. A reader, though, consumes shards one after the other, in order. So every
 stream is cut into parts (Range requests), and one process-wide `PartBudget` decides which parts
 download: the ones the reader needs soonest first (streams in the order they were opened, parts
-in byte order), as many as `budget` bytes allow. The part at the front of each stream (the next
-bytes its reader wants) never waits for the budget, so the reader always makes progress; memory
-stays within budget + one part per open stream, whatever the number of shards in flight.
+in byte order). A part is granted only when it lies within `budget` bytes of its reader's
+position, counting the rest of every stream that reader reads before it (a stream opened ahead
+waits until the streams before it have said their size and the reader is near its start), and
+while the bytes granted to all readers fit in `budget`. So memory stays within budget, and what
+it holds is always the bytes each reader needs next: never the heads of shards opened far ahead
+while the shard being read waits for connections. The part at the front of each stream (the
+next bytes its reader wants) never waits for the budget, so the reader always makes progress.
 
 Which front is free is decided by demand, not position: a stream's front part waits for the
 budget like any other until the stream's consumer blocks on it (`Demand`, signalled by the
-consumer thread), so the shards opened ahead cost budget, not memory beyond it, and a consumer
-that waits never waits for the budget. Streams iterated without a `Demand` (direct async use)
-have their fronts free.
+consumer thread). Streams iterated without a `Demand` (direct async use) have their fronts free.
+A reader is a `Demand.group` (the loader gives each pass over a shard list its own); streams
+without one are each a reader of their own.
 
-The part size adapts to what the transfers show. With `budget` bytes in flight, throughput is
-about budget x rate / (part + rate x time-to-first-byte): small parts on many connections win,
-until each part spends most of its time waiting for its first byte. So a part is
-`2 x time-to-first-byte x per-connection rate` (two thirds of a connection's time moving
-bytes), measured on finished parts, between `MIN_PART` and `MAX_PART`.
+The part size adapts to what the transfers show and to the budget. With `budget` bytes granted,
+throughput is about budget / (time-to-first-byte + part / per-connection rate) while the
+connections allowed (`parallel_parts`) can hold the budget: small parts win, until each spends
+most of its time waiting for its first byte. So a part is the smaller of the budget spread over
+`parallel_parts` connections and `2 x time-to-first-byte x per-connection rate` (two thirds of a
+connection's time moving bytes, measured on finished parts), between `MIN_PART` and `MAX_PART`.
 """
 
 from __future__ import annotations
@@ -27,17 +32,16 @@ import asyncio
 import collections
 import contextvars
 import functools
-import heapq
 import itertools
 import os
 import time
-from typing import Any, AsyncGenerator, Callable, List, Optional, Tuple
+from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Tuple
 
 from .._base.errors import FetchError
 
 __all__ = ["Demand", "PartBudget", "demand", "parallel_stream", "part_budget", "tuned_part_size"]
 
-MIN_PART = 1 << 20
+MIN_PART = 512 << 10  # smaller parts cost more requests than they save in memory
 MAX_PART = 8 << 20
 DEFAULT_PART = 2 << 20  # before any transfer has finished
 _stream_order = itertools.count()  # streams are opened in the order they will be read
@@ -45,13 +49,17 @@ _stream_order = itertools.count()  # streams are opened in the order they will b
 
 class Demand:
     """Whether a stream's consumer is blocked waiting for its next bytes. The consumer thread
-    sets `waiting` and asks the loop to call `fire`; the stream registers `callback`."""
+    sets `waiting` and asks the loop to call `fire`; the stream registers `callback`.
 
-    __slots__ = ("waiting", "callback")
+    `group` names the reader the stream belongs to (streams of one group are read one after the
+    other, in the order they were opened); None: a group of its own."""
 
-    def __init__(self) -> None:
+    __slots__ = ("waiting", "callback", "group")
+
+    def __init__(self, group: Any = None) -> None:
         self.waiting = False
         self.callback: Optional[Callable[[], None]] = None
+        self.group = group
 
     def fire(self) -> None:
         if self.waiting and self.callback is not None:
@@ -75,50 +83,88 @@ class _Tuning:
         self.ttfb = ttfb if self.ttfb is None else 0.8 * self.ttfb + 0.2 * ttfb
         self.rate = rate if self.rate is None else 0.8 * self.rate + 0.2 * rate
 
-    def part_size(self, default: int) -> int:
-        if self.ttfb is None or self.rate is None:
-            return default
-        return int(min(MAX_PART, max(MIN_PART, 2 * self.ttfb * self.rate)))
+    def part_size(self, default: int, budget: Optional[int] = None, connections: int = 1) -> int:
+        size = default if self.ttfb is None or self.rate is None else 2 * self.ttfb * self.rate
+        if budget is not None:
+            size = min(size, budget / max(1, connections))
+        return int(min(MAX_PART, max(MIN_PART, size)))
 
 
 _tuning = _Tuning()
 
 
-def tuned_part_size(default: int = DEFAULT_PART) -> int:
-    """The part size the transfers so far call for (`default` before any has finished)."""
-    return _tuning.part_size(default)
+def tuned_part_size(default: int = DEFAULT_PART, budget: Optional[int] = None, connections: int = 1) -> int:
+    """The part size the transfers so far call for (`default` before any has finished), no more
+    than `budget` spread over `connections`."""
+    return _tuning.part_size(default, budget, connections)
+
+
+class _Reading:
+    """One stream as its reader's window sees it: where its parts start being handed on
+    (`read_to`) and its size once a response said it (None before)."""
+
+    __slots__ = ("group", "size", "read_to")
+
+    def __init__(self, group: Any, start: int) -> None:
+        self.group = group
+        self.size: Optional[int] = None
+        self.read_to = start
+
+    @property
+    def remaining(self) -> Optional[int]:
+        return None if self.size is None else max(0, self.size - self.read_to)
 
 
 class PartBudget:
     """Bytes that parts behind the front of their stream may hold, granted in reading order.
 
-    Strict priority: a waiting part is granted only when every part that will be read before it
-    has been; parts promoted to the front of their stream are granted at once and hold nothing.
-    Runs on the event loop (not thread-safe: every caller is a coroutine on the same loop).
+    A waiting part is granted when it lies within `limit` bytes of its reader's position (see the
+    module's docstring) and, strict priority, when every part that will be read before it and is
+    not held back by its own reader's window has been granted, within `limit` bytes in all. Parts
+    promoted to the front of their stream are granted at once and hold nothing. Runs on the event
+    loop (not thread-safe: every caller is a coroutine on the same loop).
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self._waiting: List[list] = []  # heap of [key, bytes, future, part]
+        self._waiting: List[list] = []  # [key, bytes, future, part], granted ones dropped
+        self._groups: Dict[Any, List[_Reading]] = {}  # each reader's open streams, in reading order
+
+    def open(self, group: Any, start: int) -> _Reading:
+        """Register a stream of reader `group` (None: a reader of its own), read after the ones before."""
+        reading = _Reading(group, start)
+        self._groups.setdefault(reading if group is None else group, []).append(reading)
+        return reading
+
+    def close(self, reading: _Reading) -> None:
+        key = reading if reading.group is None else reading.group
+        streams = self._groups.get(key)
+        if streams is not None and reading in streams:
+            streams.remove(reading)
+            if not streams:
+                del self._groups[key]
+        self._grant()
+
+    def sized(self, reading: _Reading, size: int) -> None:
+        """The stream's size is known: the streams after it may now be placed in the window."""
+        reading.size = size
+        self._grant()
 
     async def acquire(self, part: "_Part") -> None:
         if part.promoted:
             return
-        if not self._waiting and self.used + part.size <= self.limit:
-            self.used += part.size
-            part.held = part.size
-            return
         future = asyncio.get_running_loop().create_future()
         entry = [part.key, part.size, future, part]
         part.waiter = entry
-        heapq.heappush(self._waiting, entry)
+        self._waiting.append(entry)
+        self._grant()
         try:
             await future
         finally:
             part.waiter = None
             if future.cancelled() or not future.done():
-                entry[2] = None  # lazily dropped from the heap
+                entry[2] = None  # dropped at the next grant
                 self._grant()
 
     def promote(self, part: "_Part") -> None:
@@ -135,19 +181,48 @@ class PartBudget:
             part.held = 0
             self._grant()
 
+    def _before(self) -> Dict[int, Optional[int]]:
+        """For each open stream (by id): the bytes its reader reads before it (None: unknown yet)."""
+        before: Dict[int, Optional[int]] = {}
+        for streams in self._groups.values():
+            total: Optional[int] = 0
+            for reading in streams:
+                before[id(reading)] = total
+                remaining = reading.remaining
+                total = None if total is None or remaining is None else total + remaining
+        return before
+
     def _grant(self) -> None:
-        waiting = self._waiting
-        while waiting:
-            _key, size, future, part = waiting[0]
-            if future is None or future.done():
-                heapq.heappop(waiting)
-                continue
+        waiting = [entry for entry in self._waiting if entry[2] is not None and not entry[2].done()]
+        self._waiting = waiting
+        if not waiting:
+            return
+        waiting.sort(key=_entry_key)
+        before = self._before()
+        granted = False
+        for entry in waiting:
+            _key, size, future, part = entry
+            reading = part.reading
+            if reading is not None:
+                ahead = before.get(id(reading))
+                if ahead is None:
+                    continue  # a stream its reader reads first has not said its size yet
+                nearest = ahead == 0 and part.start <= reading.read_to
+                if ahead + part.stop - reading.read_to > self.limit and not nearest:
+                    continue  # beyond its reader's window: later, as the reader moves on
             if self.used + size > self.limit and self.used > 0:
-                return  # strict priority: nothing later may pass the part that needs the bytes
-            heapq.heappop(waiting)
+                break  # strict priority: nothing later may pass the part that needs the bytes
             self.used += size
             part.held = size
             future.set_result(None)
+            entry[2] = None
+            granted = True
+        if granted:
+            self._waiting = [entry for entry in waiting if entry[2] is not None]
+
+
+def _entry_key(entry: list) -> Tuple[int, int]:
+    return entry[0]
 
 
 _budget: Optional[PartBudget] = None
@@ -177,11 +252,11 @@ def part_budget(limit: int) -> PartBudget:
 class _Part:
     """One byte range [start, stop) downloading on its own connection into a list of chunks."""
 
-    __slots__ = ("start", "stop", "key", "chunks", "received", "done", "error", "event", "task", "promoted",
-                 "held", "waiter")
+    __slots__ = ("start", "stop", "key", "reading", "chunks", "received", "done", "error", "event", "task",
+                 "promoted", "held", "waiter")
 
-    def __init__(self, start: int, stop: int, key: Tuple[int, int]) -> None:
-        self.start, self.stop, self.key = start, stop, key
+    def __init__(self, start: int, stop: int, key: Tuple[int, int], reading: Optional[_Reading] = None) -> None:
+        self.start, self.stop, self.key, self.reading = start, stop, key, reading
         self.chunks: collections.deque = collections.deque()
         self.received = 0
         self.done = False
@@ -231,14 +306,15 @@ async def parallel_stream(
     `ranged(url, *, options, start, stop, on_size)` fetches a byte range and calls `on_size`
     once with the object's size (None: unknown, or no ranges served).
     """
-    part_size = options.part_size or tuned_part_size(DEFAULT_PART)
     budget = part_budget(options.part_budget)
+    part_size = options.part_size or tuned_part_size(DEFAULT_PART, budget.limit, options.parallel_parts)
     order = next(_stream_order)
     index = itertools.count()
-    first = _Part(start, start + part_size, (order, next(index)))
+    wanted = demand.get()
+    reading = budget.open(None if wanted is None else wanted.group, start)
+    first = _Part(start, start + part_size, (order, next(index)), reading)
     window: collections.deque = collections.deque([first])  # parts started, the front one first
     pending: collections.deque = collections.deque()
-    wanted = demand.get()
     sized: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def on_size(size: Optional[int]) -> None:
@@ -268,6 +344,7 @@ async def parallel_stream(
             first.task.cancel()
             await asyncio.gather(first.task, return_exceptions=True)
             window.clear()
+            budget.sized(reading, start)  # it holds no budget: the streams after it need not wait for it
             single = ranged(url, options=options, start=start)
             try:
                 async for chunk in single:
@@ -278,8 +355,9 @@ async def parallel_stream(
         if size is None:  # the first request failed: its error is raised below, in order
             size = first.stop
         first.stop = max(start, min(first.stop, size))  # what the first part must deliver
+        budget.sized(reading, max(start, size))
         bounds = [(offset, min(offset + part_size, size)) for offset in range(start + part_size, size, part_size)]
-        pending.extend(_Part(lo, hi, (order, next(index))) for lo, hi in bounds)
+        pending.extend(_Part(lo, hi, (order, next(index)), reading) for lo, hi in bounds)
         fill()
         while window:
             front = window[0]
@@ -300,6 +378,7 @@ async def parallel_stream(
                     f"object size changed during the download: bytes {front.start}-{front.stop - 1} "
                     f"of {size} gave {front.received} bytes", url=url, offset=front.start + front.received,
                 )
+            reading.read_to = front.stop
             budget.release(window.popleft())  # handed on: its memory is free, so the next part may start
             fill()
     finally:
@@ -314,3 +393,4 @@ async def parallel_stream(
             await asyncio.gather(*tasks, return_exceptions=True)
         for part in window:
             budget.release(part)  # a part granted while it was being cancelled
+        budget.close(reading)

@@ -42,7 +42,7 @@ class _Buffer:
     ChunkStream lets its finalizer cancel the pump.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, group: Any = None) -> None:
         self.loop, self.limit = loop, limit
         self.cond = threading.Condition(threading.Lock())
         self.items: collections.deque = collections.deque()
@@ -52,7 +52,7 @@ class _Buffer:
         self.pump_waiting = False
         self.resume = asyncio.Event()
         self.task: Optional[asyncio.Task] = None
-        self.demand = Demand()  # tells a parted download that its consumer waits (see _parts)
+        self.demand = Demand(group)  # tells a parted download that its consumer waits (see parts)
 
     def put(self, chunk: bytes) -> bool:
         """Loop side: queue a chunk; True if the pump must now wait for `resume`."""
@@ -130,10 +130,14 @@ class ChunkStream:
     chunk) ahead of the consumer. Errors of the fetch are raised by `__next__`. `close()` (also
     on garbage collection and `with` exit) cancels the download and releases its connection.
 
+    Streams given the same `group` (any object) are read one after the other in the order they
+    were opened, by one reader: their ranged parts download within one window of bytes ahead of
+    that reader (see `parts`). Without a group, a stream is a reader of its own.
+
     Attributes: `url`, `options`, `stats` (this stream's FetchStats).
     """
 
-    def __init__(self, url: str, *, options: Optional[FetchOptions] = None, start: int = 0) -> None:
+    def __init__(self, url: str, *, options: Optional[FetchOptions] = None, start: int = 0, group: Any = None) -> None:
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
         self.url = url
@@ -141,7 +145,7 @@ class ChunkStream:
         self.stats = FetchStats()
         self._pid = os.getpid()
         self._loop = get_loop()
-        self._buffer = _Buffer(self._loop, self.options.prefetch_bytes)
+        self._buffer = _Buffer(self._loop, self.options.prefetch_bytes, group)
         self._future = run_coroutine(_pump(url, self.options, start, self._buffer, self.stats))
         # A pump that never ran or was cancelled by loop shutdown must not leave a consumer
         # waiting forever. (No bound method here: the loop must not keep this object alive.)
@@ -225,6 +229,7 @@ def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-def open_stream(url: str, *, options: Optional[FetchOptions] = None, start: int = 0) -> ChunkStream:
-    """Start fetching `url` on the shared loop; iterate the returned ChunkStream for its bytes."""
-    return ChunkStream(url, options=options, start=start)
+def open_stream(url: str, *, options: Optional[FetchOptions] = None, start: int = 0, group: Any = None) -> ChunkStream:
+    """Start fetching `url` on the shared loop; iterate the returned ChunkStream for its bytes
+    (`group`: see ChunkStream)."""
+    return ChunkStream(url, options=options, start=start, group=group)

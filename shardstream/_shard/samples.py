@@ -216,15 +216,16 @@ class TarShardSamples(PipelineStage):
     def _origin(self, url: str, start: int = 0) -> Iterable[bytes]:
         return open_origin(url, start, self.fetch_options, self.allow_pipe)
 
-    def _open_ahead(self, url: str, start: int) -> Optional[ChunkStream]:
+    def _open_ahead(self, url: str, start: int, group: object) -> Optional[ChunkStream]:
         """Start downloading a remote shard now, unless the cache serves it. The cache's claim is
-        taken first (`prepare`), so of the processes sharing a cache only one opens the origin."""
+        taken first (`prepare`), so of the processes sharing a cache only one opens the origin.
+        The streams of one pass share a `group`: they are read in the order they are opened."""
         if self.opener is not None or start or not fetches_natively(url):
             return None
         if self.cache is not None and not self.cache.prepare(url):
             return None
         try:
-            return open_stream(url, options=self.fetch_options)
+            return open_stream(url, options=self.fetch_options, group=group)
         except BaseException:
             if self.cache is not None:
                 self.cache.release(url)
@@ -350,6 +351,7 @@ class TarShardSamples(PipelineStage):
                 )
         numbered = enumerate(items, resume_item)
         ahead: Deque[Tuple[int, Any, Optional[ChunkStream]]] = deque()
+        reader = object()  # this pass reads the streams it opens in order: one window of parts
 
         budget = self.shards_in_flight * (self.fetch_options or FetchOptions()).prefetch_bytes
         exhausted = False
@@ -370,7 +372,7 @@ class TarShardSamples(PipelineStage):
                     return
                 url, _ = source_url(item, False)
                 resumed = index == resume_item and resume_sample
-                ahead.append((index, item, None if resumed else self._open_ahead(url, shard_range(item)[0])))
+                ahead.append((index, item, None if resumed else self._open_ahead(url, shard_range(item)[0], reader)))
                 if local_path_of(url) is not None:
                     # Read in place: nothing to fetch ahead. Pulling no further than the shard
                     # about to be read also keeps sources that act on each pull working, as with
