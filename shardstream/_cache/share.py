@@ -40,8 +40,8 @@ _DIGEST = struct.Struct(">Q")
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
 WRITE_STALL = 60.0  # seconds the writer thread may take no data before the write is given up
-UNSTARTED_WAIT = 1.0
-_RECHECK = 1.0  # a follower without news for this long looks at its deadlines again  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
+UNSTARTED_WAIT = 1.0  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
+_RECHECK = 1.0  # a follower without news for this long looks at its deadlines again
 
 
 def progress_log_path(temp: str) -> str:
@@ -80,12 +80,18 @@ class BlockWriter:
     `put` hands a chunk over (the reader waits only while MAX_QUEUED bytes are queued); `finish`
     waits for the rest and returns the digest, or None when a write failed (`error` says why);
     `cancel` drops what is queued. Both join the thread.
+
+    The thread is woken once a block's worth of bytes is queued, not for every chunk: a block is
+    what a follower waits for anyway, and one write of a block costs a fraction of the wake-ups
+    and small writes of its chunks (on 2 cores, the cache's first epoch paid ~10% of its CPU in
+    thread switches).
     """
 
     def __init__(self, fd: int, log_fd: Optional[int], block_size: int) -> None:
         self.fd, self.log_fd = fd, log_fd
         self.error: Optional[OSError] = None
         self.digest = BlockDigest(block_size, on_block=self._publish if log_fd is not None else None)
+        self._wake = block_size
         self._queue: collections.deque = collections.deque()
         self._queued = 0
         self._cond = threading.Condition()
@@ -108,7 +114,8 @@ class BlockWriter:
                 return False
             self._queue.append(chunk)
             self._queued += len(chunk)
-            self._cond.notify_all()
+            if self._queued >= self._wake:
+                self._cond.notify_all()
         return True
 
     def _publish(self, index: int, digest: int) -> None:
@@ -118,7 +125,7 @@ class BlockWriter:
         cond = self._cond
         while True:
             with cond:
-                while not self._queue and not self._closing and not self._cancelled:
+                while self._queued < self._wake and not self._closing and not self._cancelled:
                     cond.wait()
                 if self._cancelled or not self._queue:
                     return
