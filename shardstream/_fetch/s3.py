@@ -40,7 +40,7 @@ from botocore.exceptions import (
 
 from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
-from .options import FetchOptions, note_fetch
+from .options import FetchOptions, note_fetch, note_size
 from .retries import backoff_delay, log_retry
 from .s3client import lease_client
 
@@ -194,6 +194,7 @@ class _ObjectReader:
         etag = response.get("ETag")
         if self._size is None:
             self._size, self._etag = size, etag
+            note_size(size)  # the whole object's: a tar header claiming more is refused at once
         elif size != self._size or (etag and self._etag and etag != self._etag):
             raise FetchError(f"S3 object changed while it was read (size {self._size} -> {size}, "
                              f"ETag {self._etag} -> {etag})", url=self._url, offset=self.received)
@@ -206,6 +207,7 @@ class _ObjectReader:
             raise FetchError(f"start {self._start} is past the end of the object ({size} bytes)",
                              url=self._url, offset=self._start)
         self._size = size
+        note_size(size)
 
     async def read(self) -> bytes:
         """The next `chunk_size` bytes (fewer at the end); b"" once the object is done."""
