@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -18,15 +20,17 @@ from botocore.exceptions import (
     ClientError,
     EndpointConnectionError,
     NoCredentialsError,
+    ProfileNotFound,
     ReadTimeoutError,
 )
 from faultproxy import FaultProxy
-from motoserver import free_port, moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
+from motoserver import free_port, moto_endpoint, moto_server, s3_admin, s3_env  # noqa: F401  (fixtures)
 
 from shardstream._fetch import options as _fetch
 from shardstream._fetch.options import FetchOptions
 from shardstream._fetch import s3 as _s3
 from shardstream._fetch import s3client as _s3client
+from shardstream._fetch.loop import get_loop, run_coroutine
 from shardstream._base.errors import (
     FetchError,
     FetchTimeout,
@@ -449,3 +453,99 @@ def test_service_specific_endpoint_variable(bucket, s3_admin, monkeypatch, s3_en
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # would fail
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_env)  # takes precedence
     assert b"".join(run(lambda: collect(f"s3://{bucket}/a"))) == b"svc"
+
+
+def _shard_bytes(tag: str) -> bytes:
+    """A two-sample tar whose keys say which server it came from."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i in range(2):
+            info = tarfile.TarInfo(f"{tag}{i}.txt")
+            info.size = len(tag)
+            tar.addfile(info, io.BytesIO(tag.encode()))
+    return buf.getvalue()
+
+
+def _shared_loop_entries() -> dict:
+    loop = get_loop()
+    return {key: entry for key, entry in list(_s3client._clients.items()) if key[0] is loop}
+
+
+def test_a_changed_endpoint_is_used_on_a_loop_that_outlives_it(bucket, s3_admin, monkeypatch, caplog):
+    """The shared loop lives as long as the process: a client made there for one endpoint must not
+    serve a later AWS_ENDPOINT_URL (a test that sets its own moto_server, after another test read
+    S3 through the shared loop, got the old server). The first server's client is closed once the
+    second's replaces it."""
+    import boto3
+
+    import shardstream as wds
+
+    s3_admin.put_object(Bucket=bucket, Key="a.tar", Body=_shard_bytes("first"))
+    url = f"s3://{bucket}/a.tar"
+    keys = lambda: [s["__key__"] for s in wds.WebDataset(url, shardshuffle=False)]  # noqa: E731
+    assert keys() == ["first0", "first1"]
+    replaced = list(_shared_loop_entries().values())
+    assert replaced
+    with moto_server() as second:
+        admin = boto3.client("s3", endpoint_url=second, region_name="us-east-1",
+                             aws_access_key_id="testing", aws_secret_access_key="testing")
+        admin.create_bucket(Bucket=bucket)
+        admin.put_object(Bucket=bucket, Key="a.tar", Body=_shard_bytes("second"))
+        admin.close()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", second)
+        assert keys() == ["second0", "second1"]
+        # The replaced client is closed (its holder task ends after closing it), not left open.
+        tasks = [entry.task for entry in replaced]
+        run_coroutine(asyncio.wait(tasks, timeout=5)).result(10)
+        assert all(task.done() for task in tasks)
+        assert all(entry not in replaced for entry in _shared_loop_entries().values())
+    assert "nclosed" not in caplog.text
+
+
+def test_the_client_follows_the_aws_environment(bucket, s3_admin, monkeypatch):
+    """Credentials, profile and region are read when a client is made: a change gets a new client
+    (a missing profile is an error, not the cached client); an unrelated variable does not."""
+    s3_admin.put_object(Bucket=bucket, Key="a", Body=b"env")
+
+    async def body():
+        first = await _s3client.client_for(Options())
+        monkeypatch.setenv("SHARDSTREAM_TEST_UNRELATED", "1")
+        assert await _s3client.client_for(Options()) is first
+        clients = [first]
+        for name, value in (("AWS_DEFAULT_REGION", "eu-west-1"), ("AWS_ACCESS_KEY_ID", "other")):
+            with pytest.MonkeyPatch.context() as change:
+                change.setenv(name, value)
+                clients.append(await _s3client.client_for(Options()))
+        assert len({id(c) for c in clients}) == len(clients)
+        assert clients[1].meta.region_name == "eu-west-1"
+        with pytest.MonkeyPatch.context() as change:
+            change.setenv("AWS_PROFILE", "nobody")
+            with pytest.raises(ProfileNotFound):
+                await _s3client.client_for(Options())
+        current = await _s3client.client_for(Options())  # the test's environment again: a fresh client
+        assert all(current is not c for c in clients)
+        assert b"".join(await collect(f"s3://{bucket}/a")) == b"env"
+
+    run(body)
+
+
+def test_a_stream_keeps_a_retired_client_until_it_ends(bucket, s3_admin, monkeypatch):
+    """A configuration change retires the loop's client; a stream reading through it reads on to
+    the end, and the client closes when it is done (the lease)."""
+    data = payload(3 * 1024 * KB)
+    s3_admin.put_object(Bucket=bucket, Key="big", Body=data)
+
+    async def body():
+        stream = _s3.s3_stream(f"s3://{bucket}/big", options=Options(chunk_size=64 * KB))
+        first = await stream.__anext__()
+        loop = asyncio.get_running_loop()
+        (old,) = [entry for entry in _s3client._clients.values() if entry.key[0] is loop]
+        monkeypatch.setenv("AWS_SHARDSTREAM_TEST_MARK", "1")  # any AWS_* variable is configuration
+        newer = await _s3client.client_for(Options())
+        assert newer is not old.ready.result() and old.retired and not old.task.done()
+        rest = [chunk async for chunk in stream]
+        assert first + b"".join(rest) == data
+        await asyncio.wait([old.task], timeout=5)
+        assert old.task.done() and old not in _s3client._retired
+
+    run(body)

@@ -87,3 +87,41 @@ def test_s3_resume_seeks_with_a_range_request(s3_shards, shardset):
     stats = resumed.stats().source
     assert stats["shards"] <= 2  # the shard it stopped in (and at most the next): none before
     assert position[3] is not None and stats["bytes"] < position[3]  # entered at the offset, not read up to it
+
+
+@pytest.mark.timeout(90)
+def test_a_huge_claimed_size_over_s3_fails_at_its_header(s3_env, s3_admin):
+    """A member header claiming more bytes than the object holds is refused at that header (the S3
+    fetcher notes the object's size on its stream, as the HTTP one does), not after buffering the
+    rest of the object as the member's data."""
+    import io
+    import os
+    import tarfile
+    import tracemalloc
+
+    bucket = "shards-liar"
+    try:
+        s3_admin.create_bucket(Bucket=bucket)
+    except s3_admin.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    header = tarfile.TarInfo("s0.bin")
+    header.size = (8 << 30) - 1
+    body = io.BytesIO()
+    body.write(header.tobuf(tarfile.USTAR_FORMAT))
+    body.write(os.urandom(1 << 20) * 32)  # 32 MiB follow, not 8 GiB
+    s3_admin.put_object(Bucket=bucket, Key="liar.tar", Body=body.getvalue())
+    url = f"s3://{bucket}/liar.tar"
+    # The client (botocore's service models: megabytes) is made before memory is measured.
+    s3_admin.put_object(Bucket=bucket, Key="empty.tar", Body=b"\0" * 1024)
+    assert list(wds.WebDataset(f"s3://{bucket}/empty.tar", shardshuffle=False, empty_check=False)) == []
+    tracemalloc.start()
+    try:
+        with pytest.raises(wds.FormatError, match=r"needs 8589935104 bytes from its header, the shard has 33554944 left") as caught:
+            list(wds.WebDataset(url, shardshuffle=False))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    error = caught.value
+    assert (error.url, error.member, error.offset) == (url, "s0.bin", 0)
+    assert url in str(error) and "s0.bin" in str(error) and "offset=0" in str(error)
+    assert peak < 12 << 20, peak

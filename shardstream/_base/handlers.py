@@ -1,12 +1,14 @@
 """Exception handlers with webdataset's meaning: return True to skip and go on, False to stop.
 
 Divergence: webdataset's warn_* handlers sleep 0.5 s after each warning; ours do not, so a bad
-shard costs no wall time. Warnings go through `warnings` (like webdataset) and the log.
+shard costs no wall time. Each failure is reported once, by one warning that says what was done
+("skipped after error: ...") and why (the error, with its URL, member and offset). Not also in a
+log record: both at once showed every failure twice (a script without logging set up prints both to
+stderr); `logging.captureWarnings(True)` sends the warnings to the log.
 """
 
 from __future__ import annotations
 
-import logging
 import warnings
 
 from .errors import describe
@@ -18,8 +20,6 @@ __all__ = [
     "warn_and_continue",
     "warn_and_stop",
 ]
-
-log = logging.getLogger("shardstream.handlers")  # the name users know (the facade)
 
 
 def reraise_exception(exn: BaseException) -> bool:
@@ -39,15 +39,11 @@ def ignore_and_stop(exn: BaseException) -> bool:
 
 def warn_and_continue(exn: BaseException) -> bool:
     """Warn, skip the failing item and go on."""
-    message = describe(exn)
-    warnings.warn(message, stacklevel=2)
-    log.warning("skipped after error: %s", message)
+    warnings.warn(f"skipped after error: {describe(exn)}", stacklevel=2)
     return True
 
 
 def warn_and_stop(exn: BaseException) -> bool:
     """Warn and stop the stream."""
-    message = describe(exn)
-    warnings.warn(message, stacklevel=2)
-    log.warning("stopped after error: %s", message)
+    warnings.warn(f"stopped after error: {describe(exn)}", stacklevel=2)
     return False

@@ -9,10 +9,12 @@ itself: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFI
 ~/.aws files, AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, container
 and instance roles. When no credentials are found at all, requests go unsigned (public buckets).
 
-There is one client per event loop (and timeout pair), created on first use (`s3client`): closed
-by `close_s3_clients()`, by the task cancellation a loop gets at shutdown (as in `asyncio.run` and
-`shardstream._fetch.loop.shutdown_loop`), or at interpreter exit if its loop is still alive. A forked
-child sets the parent's clients aside untouched and makes its own.
+There is one client per event loop, timeout pair and AWS configuration, created on first use
+(`s3client`); a stream or a listing holds it by a lease. It is closed by `close_s3_clients()`, by the
+task cancellation a loop gets at shutdown (as in `asyncio.run` and
+`shardstream._fetch.loop.shutdown_loop`), at interpreter exit if its loop is still alive, or once the
+AWS configuration changed (another endpoint, credentials, region) and its last lease is released.
+A forked child sets the parent's clients aside untouched and makes its own.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from botocore.exceptions import (
 
 from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
-from .options import FetchOptions, note_fetch
+from .options import FetchOptions, note_fetch, note_size
 from .retries import backoff_delay, log_retry
-from .s3client import client_for
+from .s3client import lease_client
 
 __all__ = ["S3Stats", "s3_list", "s3_stats", "s3_stream"]
 
@@ -192,6 +194,7 @@ class _ObjectReader:
         etag = response.get("ETag")
         if self._size is None:
             self._size, self._etag = size, etag
+            note_size(size)  # the whole object's: a tar header claiming more is refused at once
         elif size != self._size or (etag and self._etag and etag != self._etag):
             raise FetchError(f"S3 object changed while it was read (size {self._size} -> {size}, "
                              f"ETag {self._etag} -> {etag})", url=self._url, offset=self.received)
@@ -204,6 +207,7 @@ class _ObjectReader:
             raise FetchError(f"start {self._start} is past the end of the object ({size} bytes)",
                              url=self._url, offset=self._start)
         self._size = size
+        note_size(size)
 
     async def read(self) -> bytes:
         """The next `chunk_size` bytes (fewer at the end); b"" once the object is done."""
@@ -255,8 +259,8 @@ async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> Async
     _split(url)  # a malformed URL is a usage error, before any client is made
     if start < 0:
         raise UsageError(f"negative start {start}", url=url)
-    client = await _retrying(lambda: client_for(options), url=url, options=options, offset=lambda: start)
-    reader = _ObjectReader(client, url, start, max(1, options.chunk_size))
+    lease = await _retrying(lambda: lease_client(options), url=url, options=options, offset=lambda: start)
+    reader = _ObjectReader(lease.client, url, start, max(1, options.chunk_size))
     try:
         while True:
             chunk = await _retrying(reader.read, url=url, options=options, offset=lambda: reader.received)
@@ -265,6 +269,7 @@ async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> Async
             yield chunk
     finally:
         reader.close()
+        lease.release()
 
 
 # ---- listing --------------------------------------------------------------------------------
@@ -298,20 +303,23 @@ async def s3_list(url: str, *, options: Optional[FetchOptions] = None, page_size
             request["Delimiter"] = "/"  # only one level can match: do not list the subtrees
     else:
         request["Prefix"] = pattern if not pattern or pattern.endswith("/") else pattern + "/"
-    client = await _retrying(lambda: client_for(options), url=url, options=options)
+    lease = await _retrying(lambda: lease_client(options), url=url, options=options)
 
     async def list_page() -> Dict[str, Any]:
         s3_stats.add(requests=1)
-        return await client.list_objects_v2(**request)
+        return await lease.client.list_objects_v2(**request)
 
     keys: List[str] = []
-    while True:
-        page = await _retrying(list_page, url=url, options=options)
-        for item in page.get("Contents", ()):
-            key = item["Key"]
-            if not key.endswith("/") and (not magic or _glob_match(pattern, key)):
-                keys.append(key)
-        if not page.get("IsTruncated"):
-            break
-        request["ContinuationToken"] = page["NextContinuationToken"]
+    try:
+        while True:
+            page = await _retrying(list_page, url=url, options=options)
+            for item in page.get("Contents", ()):
+                key = item["Key"]
+                if not key.endswith("/") and (not magic or _glob_match(pattern, key)):
+                    keys.append(key)
+            if not page.get("IsTruncated"):
+                break
+            request["ContinuationToken"] = page["NextContinuationToken"]
+    finally:
+        lease.release()
     return [f"s3://{bucket}/{key}" for key in sorted(keys)]

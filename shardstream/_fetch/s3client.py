@@ -1,17 +1,24 @@
-"""One aiobotocore S3 client per (event loop, timeouts): created on first use, shared by every
-stream on that loop, closed with the loop or at exit, and left alone in a forked child (the
-parent's connections are not ours to close). The endpoint and credentials come from the standard
-AWS configuration (AWS_ENDPOINT_URL, profiles); without credentials, requests go unsigned.
+"""One aiobotocore S3 client per (event loop, timeouts, AWS configuration): created on first use,
+shared by every stream on that loop, closed with the loop or at exit, and left alone in a forked
+child (the parent's connections are not ours to close). The endpoint and credentials come from the
+standard AWS configuration (AWS_ENDPOINT_URL, profiles); without credentials, requests go unsigned.
+
+botocore reads that configuration once, when a client is made, while a loop (the shared one) may
+outlive it: a client keyed by loop and timeouts alone went on serving an endpoint or credentials
+the environment no longer named. So the key also holds a digest of what a client is made from
+(`_configuration`), and a client whose configuration is no longer the process's is retired: taken
+out of the table at once, and closed as soon as the last stream reading through it lets go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import hashlib
 import logging
 import os
 import threading
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -19,45 +26,157 @@ from botocore import UNSIGNED
 
 logger = logging.getLogger("shardstream._fetch.s3")
 
-__all__ = ["client_for", "close_s3_clients"]
+__all__ = ["ClientLease", "client_for", "close_s3_clients", "lease_client"]
 
 _MAX_POOL_CONNECTIONS = 64  # botocore's default of 10 would cap the shards in flight per loop
+# The shared files botocore reads at client creation, and the variables that move them.
+_AWS_FILES = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
 
 
-# ---- one client per (event loop, timeouts) --------------------------------------------------
+def _configuration() -> str:
+    """A digest of what botocore reads from the process when it makes a client: every AWS_*
+    variable (endpoint, credentials, profile, region, CA bundle, ...), the proxy variables, and
+    which shared config and credentials files exist and when they last changed. A digest, so that
+    the client table holds (and shows) no secret."""
+    digest = hashlib.blake2b(digest_size=16)
+    environ = os.environ
+    for name in sorted(n for n in environ if n.startswith("AWS_") or n.upper().endswith("_PROXY")):
+        digest.update(f"{name}={environ[name]}\0".encode("utf-8", "surrogateescape"))
+    for variable, default in _AWS_FILES:
+        path = os.path.expanduser(environ.get(variable, default))
+        try:
+            stat = os.stat(path)
+            state = f"{stat.st_mtime_ns}:{stat.st_size}"
+        except OSError:
+            state = "absent"
+        digest.update(f"{path}:{state}\0".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
 
-_ClientKey = Tuple[asyncio.AbstractEventLoop, Any, Any]
-_clients: Dict[_ClientKey, Tuple["asyncio.Task[None]", "asyncio.Future[Any]"]] = {}
+
+# ---- one client per (event loop, timeouts, configuration) -------------------------------------
+
+_ClientKey = Tuple[asyncio.AbstractEventLoop, Any, Any, str]
+
+
+class _Client:
+    """One client's holder task, the future the client is handed out through, and its leases."""
+
+    __slots__ = ("key", "task", "ready", "users", "retired")
+
+    def __init__(self, key: _ClientKey, task: "asyncio.Task[None]", ready: "asyncio.Future[Any]") -> None:
+        self.key = key
+        self.task = task
+        self.ready = ready
+        self.users = 0  # leases held (streams and listings reading through it)
+        self.retired = False  # no longer in the table: closed when `users` drops to 0
+
+
+_clients: Dict[_ClientKey, _Client] = {}
+_retired: Set[_Client] = set()  # out of the table, still in use (or closing)
 _clients_lock = threading.Lock()  # loops in several threads may share this module
 _atexit_registered = False
 # Clients inherited from the parent across fork, kept alive on purpose (see _after_fork_in_child).
 _inherited: List[Any] = []
 
 
+class ClientLease:
+    """A client held for a stream or a listing: `release()` when done with it (idempotent). A
+    retired client is closed when its last lease is released."""
+
+    __slots__ = ("client", "_entry")
+
+    def __init__(self, client: Any, entry: _Client) -> None:
+        self.client = client
+        self._entry: Optional[_Client] = entry
+
+    def release(self) -> None:
+        entry, self._entry = self._entry, None
+        if entry is None:
+            return
+        with _clients_lock:
+            entry.users -= 1
+            close = entry.users == 0 and entry in _retired  # (not a parent's, after fork)
+        if close:
+            _cancel(entry)
+
+
 async def client_for(options: Any) -> Any:
-    """The S3 client of the running loop for these timeouts, created on first use."""
+    """The S3 client of the running loop for these timeouts and the current AWS configuration,
+    created on first use. Unleased: for calls made at once (a stream holds a `lease_client`)."""
+    entry = _entry_for(options, lease=False)
+    return await _client_of(entry)
+
+
+async def lease_client(options: Any) -> ClientLease:
+    """As `client_for`, held until the lease is released: a change of configuration meanwhile
+    retires the client but does not close it under the holder."""
+    entry = _entry_for(options, lease=True)
+    try:
+        client = await _client_of(entry)
+    except BaseException:
+        ClientLease(None, entry).release()
+        raise
+    return ClientLease(client, entry)
+
+
+def _entry_for(options: Any, *, lease: bool) -> _Client:
+    """The table's entry for the running loop, these timeouts and the current configuration (a
+    new one, its client being made, if there is none); the loop's entries made from another
+    configuration are retired."""
     global _atexit_registered
     loop = asyncio.get_running_loop()
-    key = (loop, options.connect_timeout, options.stall_timeout)
+    key = (loop, options.connect_timeout, options.stall_timeout, _configuration())
+    idle: List[_Client] = []
     with _clients_lock:
         entry = _clients.get(key)
         if entry is None:
             for stale in [k for k in _clients if k[0].is_closed()]:  # loops closed without cleanup
                 del _clients[stale]
+            for old in [k for k in _clients if k[0] is loop and k[3] != key[3]]:
+                retired = _clients.pop(old)
+                retired.retired = True
+                _retired.add(retired)
+                if not retired.users:
+                    idle.append(retired)
             ready: asyncio.Future[Any] = loop.create_future()
             task = loop.create_task(_hold_client(key, ready), name="shardstream-s3-client")
             # If the loop is closed without cancelling this task, it is dropped without a word:
             # nothing can be awaited then, and the sockets go with the loop (asyncio does the same
             # for its own helper futures).
             task._log_destroy_pending = False  # type: ignore[attr-defined]
-            entry = _clients[key] = (task, ready)
+            entry = _clients[key] = _Client(key, task, ready)
             if not _atexit_registered:
                 atexit.register(_close_at_exit)
                 _atexit_registered = True
-    ready = entry[1]
+        if lease:
+            entry.users += 1
+    if idle:
+        logger.debug("the AWS configuration changed: a new S3 client; closing %d unused old one(s)", len(idle))
+    for retired in idle:
+        _cancel(retired)
+    return entry
+
+
+async def _client_of(entry: _Client) -> Any:
+    ready = entry.ready
     if ready.done() and not ready.cancelled() and ready.exception() is None:
         return ready.result()
     return await asyncio.shield(ready)  # a cancelled caller must not cancel the shared future
+
+
+def _cancel(entry: _Client) -> None:
+    """Close a client: cancel its holder task, on its own loop (from any thread)."""
+    loop = entry.key[0]
+    if loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        entry.task.cancel()
+    else:
+        loop.call_soon_threadsafe(entry.task.cancel)
 
 
 async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
@@ -104,16 +223,26 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
 
 
 def _forget(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
+    """Drop the entry whose client this was, from the table or the retired set."""
     with _clients_lock:
-        if _clients.get(key, (None, ready))[1] is ready:
-            _clients.pop(key, None)
+        entry = _clients.get(key)
+        if entry is not None and entry.ready is ready:
+            del _clients[key]
+        for retired in [e for e in _retired if e.ready is ready]:
+            _retired.discard(retired)
+
+
+def _entries_on(loop: Optional[asyncio.AbstractEventLoop] = None) -> List[_Client]:
+    """Every entry (in the table or retired) on `loop`, or on any loop (lock held)."""
+    entries = list(_clients.values()) + list(_retired)
+    return [e for e in entries if loop is None or e.key[0] is loop]
 
 
 async def close_s3_clients() -> None:
     """Close the running loop's S3 clients; the loop's owner awaits this before stopping it."""
     loop = asyncio.get_running_loop()
     with _clients_lock:
-        tasks = [task for (owner, *_), (task, _) in _clients.items() if owner is loop]
+        tasks = [entry.task for entry in _entries_on(loop)]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -122,7 +251,7 @@ async def close_s3_clients() -> None:
 def _close_at_exit() -> None:
     """Last resort at interpreter exit: close clients whose loops are still alive."""
     with _clients_lock:
-        loops = {key[0] for key in _clients}
+        loops = {entry.key[0] for entry in _entries_on()}
     for loop in loops:
         try:
             if loop.is_closed():
@@ -144,8 +273,9 @@ def _after_fork_in_child() -> None:
     """
     global _clients_lock
     _clients_lock = threading.Lock()  # another thread may have held it at fork time
-    for task, ready in _clients.values():
-        _inherited.append((task, ready))
+    for entry in _entries_on():
+        ready = entry.ready
+        _inherited.append(entry)
         if not ready.done() or ready.cancelled() or ready.exception() is not None:
             continue
         http = getattr(getattr(ready.result(), "_endpoint", None), "http_session", None)
@@ -156,6 +286,7 @@ def _after_fork_in_child() -> None:
                 connector._closed = True
             _inherited.append((session, connector))
     _clients.clear()
+    _retired.clear()
 
 
 if hasattr(os, "register_at_fork"):
