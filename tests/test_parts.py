@@ -203,3 +203,30 @@ def test_a_reader_window_keeps_shards_opened_ahead_from_taking_the_budget():
     assert log[1] == 2  # parts 1-2 join part 0 and the other reader's part: 4 parts held
     assert log[2] is False  # `current` has 10 parts: the head is far beyond the window
     assert log[3] == 9 and log[4] is True
+
+
+@pytest.mark.timeout(60)
+def test_the_shard_being_read_gets_the_connections(tmp_path, budget):
+    """Through WebDataset: shards opened ahead (shards_in_flight=8) send no request while the
+    reader is far from them; the shard being read is fetched over several connections; every
+    sample arrives."""
+    import shardstream as wds
+
+    names = [f"s{i}.tar" for i in range(4)]
+    payload = bytes(range(256)) * 16  # 4 KiB
+    for name in names:
+        with wds.TarWriter(str(tmp_path / name)) as sink:
+            for k in range(1024):  # ~4.5 MiB a shard, far beyond the budget
+                sink.write({"__key__": f"{name[:2]}-{k:04d}", "bin": payload})
+    options = FetchOptions(part_size=PART, part_budget=8 * PART, parallel_parts=4, stall_timeout=5)
+    with ShardServer(tmp_path) as server:
+        server.options.latency_ms = 5
+        urls = [server.url(name) for name in names]
+        samples = iter(wds.WebDataset(urls, shardshuffle=False, fetch_options=options, shards_in_flight=8))
+        keys = [next(samples)["__key__"]]
+        time.sleep(0.5)  # the reader holds one sample; the stages ahead fill their queues
+        early = server.stats.snapshot().path_requests
+        keys += [sample["__key__"] for sample in samples]
+    assert early["s0.tar"] >= 4  # the shard being read: ranged parts
+    assert early["s2.tar"] == early["s3.tar"] == 0  # far beyond the window: not a byte asked for
+    assert len(keys) == 4 * 1024 and len(set(keys)) == len(keys)

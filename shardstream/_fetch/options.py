@@ -31,12 +31,15 @@ class FetchOptions:
             one). Above 1, and when the server tells the size (Range) and it is more than one
             part, the bytes are fetched as consecutive parts with parallel Range requests and
             handed on strictly in order: this gets past per-connection bandwidth caps. Which
-            parts download is decided for the whole process (see `_fetch.parts`): the bytes readers
-            need soonest first, within `part_budget`. Costs one extra request per URL (its size).
+            parts download is decided for the whole process (see `_fetch.parts`): the bytes each
+            reader needs soonest first, within `part_budget` of its position. Costs no extra
+            request (the first part's response tells the size).
         part_size: bytes per part; None (the default) chooses from what the transfers show:
-            2 x time to first byte x per-connection rate, within 1-8 MiB (2 MiB to begin with).
+            2 x time to first byte x per-connection rate, no more than `part_budget` spread over
+            `parallel_parts`, within 512 KiB-8 MiB (2 MiB to begin with).
         part_budget: bytes that parts not yet being read may hold, for the whole process (the
-            largest value any stream asked for).
+            largest value any stream asked for); also how far ahead of its reader's position a
+            part may be.
     """
 
     connect_timeout: float = 10.0
