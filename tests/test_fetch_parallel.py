@@ -270,7 +270,7 @@ def test_options_are_validated():
         with pytest.raises(ValueError):
             FetchOptions(**bad)
     defaults = FetchOptions()
-    assert defaults.parallel_parts == 16 and defaults.part_size is None and defaults.part_budget == 96 * MIB
+    assert defaults.parallel_parts == 32 and defaults.part_size is None and defaults.part_budget == 64 * MIB
 
 
 # --- one path to storage: a registered scheme reaches every reader ---------------------------------

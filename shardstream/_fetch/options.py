@@ -49,9 +49,9 @@ class FetchOptions:
     backoff_max: float = 10.0
     chunk_size: int = 256 << 10
     prefetch_bytes: int = 2 << 20
-    parallel_parts: int = 16
+    parallel_parts: int = 32
     part_size: Optional[int] = None
-    part_budget: int = 96 << 20
+    part_budget: int = 64 << 20
 
     def __post_init__(self) -> None:
         if not self.connect_timeout > 0 or not self.stall_timeout > 0:
