@@ -106,13 +106,17 @@ class Comparison:
     Attributes:
         label: what the ratio means (e.g. "HTTP decode / local decode").
         numerator, denominator: `Config.key`s ("workload/name").
-        target: the least ratio that counts as met (None: reported only).
+        target: the least ratio that counts as met for samples/s, the largest for memory (None:
+            reported only).
+        measure: what is divided: "rate" (samples/s), "pss" (peak PSS MB) or "added" (the PSS the
+            first pass added to the process tree).
     """
 
     label: str
     numerator: str
     denominator: str
     target: Optional[float] = None
+    measure: str = "rate"  # or "pss" (peak PSS) or "added" (the PSS the first pass added): lower is better
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class Rep:
         first_s: from starting the pass to the first item (worker start-up included).
         cpu_s: user+sys CPU of the process and its children during the pass, less the memory sampler's.
         peak_pss_mb: the highest PSS of the process tree seen by the sampler (every ~50 ms).
+        base_pss_mb: the process tree's PSS just before the pass (interpreter, torch, the library).
     """
 
     samples: int
@@ -132,6 +137,7 @@ class Rep:
     first_s: float
     cpu_s: float
     peak_pss_mb: float
+    base_pss_mb: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -192,6 +198,18 @@ class Result:
         """The peak PSS over all repetitions."""
         return max((r.peak_pss_mb for r in self.reps), default=0.0)
 
+    @property
+    def added_pss_mb(self) -> float:
+        """What the first pass added to the process tree's PSS (its peak less the PSS just before
+        it): the loader's threads or worker processes, its buffers and what it imported lazily,
+        without the interpreter, torch and the library's import that both sides share."""
+        first = self.first
+        return max(0.0, first.peak_pss_mb - first.base_pss_mb) if first else 0.0
+
+    def value(self, measure: str) -> float:
+        """The figure a `Comparison` divides: "rate", "pss" or "added"."""
+        return {"rate": self.rate, "pss": self.peak_pss_mb, "added": self.added_pss_mb}[measure]
+
     def to_json(self) -> dict:
         """A JSON-ready dict with the raw repetitions and the summary figures."""
         first = self.first
@@ -209,6 +227,7 @@ class Result:
                 "first_sample_s": first.first_s,
                 "cpu_s_per_1k": 1000 * first.cpu_s / first.samples if first.samples else None,
                 "peak_pss_mb": self.peak_pss_mb,
+                "added_pss_mb": self.added_pss_mb,
             },
         }
 

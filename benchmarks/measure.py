@@ -91,6 +91,7 @@ def timed_pass(start_pass, count) -> tuple[Rep, Optional[str]]:
     if prepare is not None:
         prepare()
     gc.collect()
+    base_pss = tree_pss(psutil.Process())  # the process before the pass: interpreter, torch, the library
     sampler = PssSampler()
     sampler.start()
     cpu_start = process_tree_cpu()
@@ -115,7 +116,8 @@ def timed_pass(start_pass, count) -> tuple[Rep, Optional[str]]:
         pipeline_stats = stats()
         text = pipeline_stats.format() if pipeline_stats is not None else None
     rep = Rep(samples=samples, bytes=nbytes, wall_s=wall, first_s=first if first is not None else wall,
-              cpu_s=max(0.0, cpu - sampler.own_cpu_s), peak_pss_mb=sampler.peak / 2**20)
+              cpu_s=max(0.0, cpu - sampler.own_cpu_s), peak_pss_mb=sampler.peak / 2**20,
+              base_pss_mb=base_pss / 2**20)
     return rep, text
 
 

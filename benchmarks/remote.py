@@ -94,6 +94,10 @@ def comparisons() -> list[Comparison]:
         *(Comparison(f"HTTP first pass (lengths pipeline): shardstream / webdataset-dl{n}", "http-first/shardstream",
                      f"http-first/webdataset-dl{n}", target=target)
           for n, target in zip(WEBDATASET_WORKERS, (5.0, 1.5))),
+        Comparison("HTTP first pass, peak PSS: shardstream / webdataset-dl8", "http-first/shardstream",
+                   "http-first/webdataset-dl8", target=0.6, measure="pss"),
+        Comparison("HTTP first pass, PSS added by the pass: shardstream / webdataset-dl8", "http-first/shardstream",
+                   "http-first/webdataset-dl8", measure="added"),
         *(Comparison(f"HTTP split_by_node, rank 0 of 2: shardstream / webdataset-dl{n}", "http-split/shardstream",
                      f"http-split/webdataset-dl{n}") for n in WEBDATASET_WORKERS),
         Comparison("S3 raw / HTTP raw", "s3/shardstream-raw", "http-raw/shardstream"),

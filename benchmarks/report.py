@@ -11,7 +11,8 @@ from harness import Comparison, Result
 
 __all__ = ["baseline_of", "format_comparisons", "format_table", "format_verdicts", "plot", "write_json"]
 
-COLUMNS = ("workload", "config", "samples/s", "best of N", "MB/s", "ratio", "first ms", "CPU s/1k", "peak PSS MB")
+COLUMNS = ("workload", "config", "samples/s", "best of N", "MB/s", "ratio", "first ms", "CPU s/1k", "peak PSS MB",
+           "added MB")
 COLOURS = {"webdataset": "#8c8c8c", "shardstream": "#1f77b4", "limit": "#2ca02c"}
 
 
@@ -37,7 +38,7 @@ def row(result: Result, results: list[Result]) -> list[str]:
     """One table row; a failed configuration shows its error instead of figures."""
     config, first = result.config, result.first
     if result.error or first is None:
-        return [config.workload, config.name, f"FAILED: {result.error}", "", "", "", "", "", ""]
+        return [config.workload, config.name, f"FAILED: {result.error}", "", "", "", "", "", "", ""]
     scaled = config.rate_scale != 1  # the limit: per-pass figures are of one thread, not comparable
     rel = ratio(result, results)
     mb_per_s = result.mb_per_s
@@ -51,6 +52,7 @@ def row(result: Result, results: list[Result]) -> list[str]:
         "-" if scaled else f"{1000 * first.first_s:.0f}",
         "-" if scaled else f"{1000 * first.cpu_s / first.samples:.2f}",
         "-" if scaled else f"{result.peak_pss_mb:.0f}",
+        "-" if scaled else f"{result.added_pss_mb:.0f}",
     ]
 
 
@@ -70,7 +72,9 @@ def format_table(results: list[Result], header: str) -> str:
                   f"config marked as its reference ({names})")
     lines += ["", "samples/s, MB/s, first ms, CPU s/1k: the first pass of a fresh process (what a training job "
               "sees each epoch); best of N: the fastest of the process's passes",
-              "MB/s = shard bytes read per second (1 MB = 1e6 bytes)", ratio_line]
+              "MB/s = shard bytes read per second (1 MB = 1e6 bytes); added MB = the first pass's peak PSS less "
+              "the process's PSS just before it (what the loader added: its workers or threads, buffers, lazy imports)",
+              ratio_line]
     return "\n".join(lines)
 
 
@@ -86,18 +90,23 @@ def format_comparisons(results: list[Result], comparisons: list[Comparison]) -> 
         top, bottom = found.get(comparison.numerator), found.get(comparison.denominator)
         if top is None or bottom is None:
             continue  # a configuration not selected in this run
-        if top.error or bottom.error or not top.rate or not bottom.rate:
+        measure = comparison.measure
+        if top.error or bottom.error or not top.value(measure) or not bottom.value(measure):
             value, verdict = "n/a", "(a configuration failed)"
         else:
-            rel = top.rate / bottom.rate
+            rel = top.value(measure) / bottom.value(measure)
             value = f"{rel:.2f}x"
-            verdict = "" if comparison.target is None else (
-                f"target >= {comparison.target:.2f}: " + ("met" if rel >= comparison.target else "MISSED"))
+            if comparison.target is None:
+                verdict = ""
+            elif measure == "rate":
+                verdict = f"target >= {comparison.target:.2f}: " + ("met" if rel >= comparison.target else "MISSED")
+            else:
+                verdict = f"target <= {comparison.target:.2f}: " + ("met" if rel <= comparison.target else "MISSED")
         rows.append((comparison.label, value, verdict))
     if not rows:
         return ""
     width = max(len(label) for label, _, _ in rows)
-    lines = ["comparisons (samples/s over samples/s):"]
+    lines = ["comparisons (samples/s over samples/s; memory: peak PSS, or the PSS the first pass added, over the same):"]
     lines += [f"  {label.ljust(width)}  {value:>6}  {verdict}".rstrip() for label, value, verdict in rows]
     return "\n".join(lines)
 
