@@ -82,9 +82,8 @@ class BlockWriter:
     `cancel` drops what is queued. Both join the thread.
 
     The thread is woken once a block's worth of bytes is queued, not for every chunk: a block is
-    what a follower waits for anyway, and one write of a block costs a fraction of the wake-ups
-    and small writes of its chunks (on 2 cores, the cache's first epoch paid ~10% of its CPU in
-    thread switches).
+    what a follower waits for anyway, and one write per block takes ~460 wake-ups for 463 MB of
+    shards where a wake-up per network chunk took ~6,500.
     """
 
     def __init__(self, fd: int, log_fd: Optional[int], block_size: int) -> None:
