@@ -230,3 +230,28 @@ def test_the_shard_being_read_gets_the_connections(tmp_path, budget):
     assert early["s0.tar"] >= 4  # the shard being read: ranged parts
     assert early["s2.tar"] == early["s3.tar"] == 0  # far beyond the window: not a byte asked for
     assert len(keys) == 4 * 1024 and len(set(keys)) == len(keys)
+
+
+@pytest.mark.timeout(60)
+def test_two_readers_in_one_process_share_the_budget_and_both_finish(tmp_path, budget):
+    """Two passes read in turns (as a mix of two datasets does): each is a reader with its own
+    window under the one process budget; neither starves the other, every sample arrives."""
+    import shardstream as wds
+
+    payload = bytes(range(256)) * 16
+    for name in ("a0", "a1", "b0", "b1"):
+        with wds.TarWriter(str(tmp_path / f"{name}.tar")) as sink:
+            for k in range(256):
+                sink.write({"__key__": f"{name}-{k:03d}", "bin": payload})
+    options = FetchOptions(part_size=PART, part_budget=6 * PART, parallel_parts=4, stall_timeout=5)
+    with ShardServer(tmp_path) as server:
+        first, second = (
+            iter(wds.WebDataset([server.url(f"{p}{i}.tar") for i in range(2)], shardshuffle=False,
+                                fetch_options=options))
+            for p in "ab"
+        )
+        keys = []
+        for a, b in zip(first, second):
+            keys += [a["__key__"], b["__key__"]]
+            assert a["bin"] == b["bin"] == payload
+    assert len(keys) == 2 * 512 and len(set(keys)) == len(keys)
