@@ -1,7 +1,8 @@
 """Cache integrity end to end: WebDataset over the test HTTP server with `cache_dir=`, cached
-shards corrupted at the same size (header, payload, trailer), alone and with two processes
-sharing the cache; plus the cache layer's own cases (old records, a changed origin, a failing
-origin, a corrupt file that may not be evicted) and the block digest."""
+shards corrupted at the same size (header, payload, trailer), alone, with two processes sharing
+the cache, and around the offset where a resume enters a cached shard; plus the cache layer's own
+cases (old records, a changed origin, a failing origin, a corrupt file that may not be evicted)
+and the block digest."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import shardstream as wds
 from shardstream._cache.check import BlockDigest, CorruptCacheFile
 from shardstream._cache.naming import _file_lock, cache_file_name
 from shardstream._cache.disk import DiskTier
+from shardstream._cache.memory import CHUNK_SIZE
 from shardstream._cache.shardcache import ShardCache
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,6 +139,56 @@ def test_error_names_the_cache_file_when_the_origin_fails_too(server, files, tmp
     expected = _expected(files)[:SAMPLES]
     assert _digests(got) == expected[: len(got)] and 0 < len(got) < SAMPLES  # only good samples, in order
     assert not os.path.exists(cached)  # evicted all the same
+
+
+@pytest.mark.parametrize("where", ["after", "at", "before"])
+def test_a_resume_mid_shard_checks_the_cached_blocks_it_parses(server, files, tmp_path, caplog, where):
+    """A resume enters the cached shard at the saved offset (in its second block). A corrupt block
+    after it, or the one holding it, is caught before it is parsed, evicted and fetched again as
+    for a hit read from the start, and the samples after the checkpoint are delivered once each; a
+    corrupt block before it is never parsed, so never looked at: no request, no warning."""
+    urls = [server.url(n) for n in NAMES]
+    cache_dir = str(tmp_path)
+    expected = _expected(files)
+    assert _read(urls, cache_dir)[0] == expected  # fills the cache
+    data = files[1][NAMES[0]]
+    members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+    block = CHUNK_SIZE
+
+    ds = wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir)
+    it = iter(ds)
+    first = [next(it) for _ in range(5)]
+    state = ds.state_dict()
+    del it
+    offset = state["position"][3]
+    assert state["position"][1:3] == [0, 5] and offset == members[10].offset and offset // block == 1
+    member, bad_block = {"after": (19, 2), "at": (10, 1), "before": (1, 0)}[where]
+    bad = members[member].offset_data + 1000  # in a .bin payload
+    assert bad // block == bad_block
+    cached = os.path.join(cache_dir, cache_file_name(urls[0]))
+    _corrupt(cached, bad)
+    before = server.stats.snapshot()
+
+    resumed = wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir)
+    resumed.load_state_dict(state)
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        rest_it = iter(resumed)
+        rest = _digests(rest_it)
+    stats = rest_it.stats().cache
+    assert _digests(first) + rest == expected  # nothing corrupt, missing or repeated
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    after = server.stats.snapshot()
+    if where != "before":
+        assert any(cached in m and "evicted" in m for m in warned), warned
+        _fetched_once(data, before, after)  # the re-read starts at byte 0 and refills the cache
+        assert stats["disk"]["corrupt"] == 1 and stats["origin"]["fetches"] == 1
+        with open(cached, "rb") as f:
+            assert f.read() == data
+    else:
+        assert not warned and after.path_requests == before.path_requests
+        assert stats["disk"]["corrupt"] == 0 and stats["disk"]["hits"] == 2 and stats["origin"]["fetches"] == 0
+        # the blocks from the one holding the offset were checked, not the one before it
+        assert stats["disk"]["bytes_served"] == len(data) - block + len(files[1][NAMES[1]])
 
 
 # --- two processes sharing one cache directory ---------------------------------------------------
@@ -437,3 +489,35 @@ def test_a_mapped_hit_checks_each_block_before_it_is_parsed_and_rereads_keeping_
         for chunk in cache.reread(url, Origin(changed), info.value):
             got.append(chunk)
     assert b"".join(got) == data[:CHUNK]  # only the block that matched was handed on
+
+
+def test_a_mapped_hit_opened_mid_shard_checks_from_the_block_holding_its_start(tmp_path):
+    data = os.urandom(6 * CHUNK + 100)
+    url = "http://h/a.tar"
+    tier, cache, path = _filled(tmp_path, data)
+    _corrupt(path, 9, 1)  # block 0: before the start, never parsed, so never checked
+    _corrupt(path, 4 * CHUNK + 9, 1)
+    hit = cache.open_mapped(url, start=2 * CHUNK + 100)
+    assert hit.checked == 2 * CHUNK
+    mapped = memoryview(bytearray(open(path, "rb").read()))
+    hit.check(mapped, 4 * CHUNK)  # blocks 2-3 are good
+    with pytest.raises(ValueError):
+        hit.check_from(0)  # only before the first check
+    with pytest.raises(CorruptCacheFile) as info:
+        hit.check(mapped, 4 * CHUNK + 1)
+    assert info.value.bad_offset == 4 * CHUNK and tier.counters.snapshot()["bytes_served"] == 2 * CHUNK
+    hit.close()
+    # The re-read compares the fresh copy with the record in every block before the bad one
+    # (block 0 included, which the map skipped): the origin's good copy passes...
+    origin = Origin(data)
+    assert b"".join(cache.reread(url, origin, info.value)) == data
+    assert origin.fetches == 1 and open(path, "rb").read() == data
+    # ...and a copy that changed before the start is refused.
+    _corrupt(path, 4 * CHUNK + 9, 1)
+    hit = cache.open_mapped(url, start=2 * CHUNK)
+    with pytest.raises(CorruptCacheFile) as info:
+        hit.check(memoryview(bytearray(open(path, "rb").read())), len(data))
+    hit.close()
+    changed = bytes([data[0] ^ 1]) + data[1:]
+    with pytest.raises(CorruptCacheFile, match="differs"):
+        b"".join(cache.reread(url, Origin(changed), info.value))

@@ -241,6 +241,71 @@ def test_seeking_resume_over_http_uses_a_range_request(big_shards):
         assert after.bytes_sent < full_bytes / 3 * (30 / 60) + 8192
 
 
+@pytest.mark.parametrize("memory", [0, 64 << 20])
+def test_seeking_resume_over_http_reads_a_cached_shard_from_the_disk_cache(big_shards, tmp_path, memory):
+    """A restarted job with the node's cache: the shard it stopped in is entered at the saved
+    offset in the cached copy, with no request to the origin, and the samples are those after
+    the checkpoint (keys and bytes as in an uninterrupted pass). A memory tier in front, which
+    only takes whole shards, does not send the resumed shard to the origin either."""
+    root, shards = big_shards
+    cache_dir = str(tmp_path)
+    with ShardServer(root) as server:
+        urls = [server.url(os.path.basename(p)) for p in shards]
+
+        def build():
+            return wds.WebDataset(
+                urls, shardshuffle=False, cache_dir=cache_dir, cache_memory_bytes=memory
+            ).to_tuple("__key__", "cls", "bin")
+
+        full = list(build())  # fills the cache
+        first_ds = build()
+        it = iter(first_ds)
+        first = [next(it) for _ in range(90)]  # 30 samples into big-1
+        state = first_ds.state_dict()
+        assert state["position"][1:3] == [1, 30] and state["position"][3] > 0
+        del it
+        first_ds = None
+        server.stats.reset()
+        resumed = build()
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert_same_stream(full, first + rest)
+        assert [s[0] for s in rest] == [f"s{i:04d}" for i in range(90, 180)]
+        assert server.stats.snapshot().path_requests == {}  # big-1 (and big-2) came from the cache
+        cache = resumed.stats().cache
+        assert cache["disk"]["hits"] == 2 and cache["origin"]["fetches"] == 0
+
+
+def test_seeking_resume_of_a_shard_not_in_the_cache_reads_the_rest_from_the_origin(big_shards, tmp_path):
+    """With an empty cache the resumed shard is read from the origin with a Range from the saved
+    offset, as without a cache, and is not cached (the cache keeps whole shards only); the next
+    shard, read from its start, is."""
+    root, shards = big_shards
+    cache_dir = str(tmp_path)
+    with ShardServer(root) as server:
+        urls = [server.url(os.path.basename(p)) for p in shards]
+
+        def build(cache=None):
+            return wds.WebDataset(urls, shardshuffle=False, cache_dir=cache).to_tuple("__key__", "cls")
+
+        full = list(build())
+        first_ds = build()
+        it = iter(first_ds)
+        first = [next(it) for _ in range(90)]
+        state = first_ds.state_dict()
+        del it
+        first_ds = None
+        server.stats.reset()
+        resumed = build(cache_dir)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert_same_stream(full, first + rest)
+        after = server.stats.snapshot()
+        assert after.path_requests == {"big-1.tar": 1, "big-2.tar": 1} and after.range_requests >= 1
+        cached = resumed.stats().cache["disk"]
+        assert cached["hits"] == 0 and cached["bytes_written"] == os.path.getsize(shards[2])
+
+
 def test_webloader_state_is_plain_data(shardset):
     loader = wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=2)
     it = iter(loader)

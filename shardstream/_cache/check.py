@@ -139,7 +139,9 @@ class CorruptCacheFile(FetchError):
     ) -> None:
         self.cache_path = cache_path
         self.reason = reason or message
-        self.bad_offset = offset  # file offset of the first bad block (= bytes handed out before it)
+        # file offset of the first bad block: the bytes before it were handed out (or, for a read
+        # that began mid-shard, lie before its first checked block and were never parsed)
+        self.bad_offset = offset
         self.source: Optional["VerifiedFile"] = None  # set by the reader that found the corruption
         super().__init__(message, url=url)
 
@@ -201,9 +203,18 @@ class VerifiedFile:
             offset += want
             index += 1
 
+    def check_from(self, offset: int) -> None:
+        """Make `check` begin at the block holding byte `offset` instead of byte 0, for a reader
+        that parses nothing before `offset` (a resume mid-shard): the blocks before that one are
+        never checked, so none of their bytes may be parsed. Call it before the first `check`."""
+        if self.checked:
+            raise ValueError(f"check_from({offset}) after bytes 0-{self.checked - 1} were checked")
+        self.checked = min(self.record.size, offset - offset % self.record.block_size)
+
     def check(self, view, stop: int) -> None:
         """Check the blocks of a memory map of this file (`view`) up to the one holding byte
-        `stop - 1`, in order, before the caller parses any of them (`_members.mapped_member_batches`).
+        `stop - 1`, in order from byte 0 (or from `check_from`'s block), before the caller parses
+        any of them (`_members.mapped_member_batches`).
 
         Raises CorruptCacheFile at the first bad block (its `bad_offset`: how far the map was good).
         """
@@ -267,7 +278,8 @@ class Resume:
 
     @classmethod
     def after(cls, failure: CorruptCacheFile, keep: bool = False) -> "Resume":
-        """Go on after the blocks of a corrupt cached file that were checked before its bad one."""
+        """Go on after the blocks of a corrupt cached file before its bad one: those checked (and
+        those a read that began mid-shard skipped), each compared again with the record."""
         record = failure.source.record  # type: ignore[union-attr]
         return cls(failure.bad_offset or 0, record.crcs or (), record.block_size, url=failure.url, failure=failure,
                    keep=keep)
@@ -323,7 +335,7 @@ class Resume:
             )
         raise CorruptCacheFile(
             f"corrupt cache file {failure.cache_path} ({failure.reason}) was evicted after {failure.bad_offset} "
-            "bytes of it had been delivered, and the shard read again differs in those bytes (did it change "
-            "at the origin?)",
+            "bytes of it had been delivered (or skipped by a resume), and the shard read again differs in those "
+            "bytes (did it change at the origin?)",
             cache_path=failure.cache_path, url=failure.url, reason=failure.reason, offset=failure.bad_offset,
         )

@@ -84,33 +84,41 @@ class ShardCache(ClaimsAhead):
         if outcome is not None:
             yield from self._repair(url, open_origin, outcome)  # type: ignore[arg-type]
 
-    def open_mapped(self, url: str, accept: Optional[Callable[[int], bool]] = None) -> Optional[VerifiedFile]:
+    def open_mapped(
+        self, url: str, accept: Optional[Callable[[int], bool]] = None, start: int = 0,
+    ) -> Optional[VerifiedFile]:
         """A disk hit of `url` (a `VerifiedFile`) to parse in place from a memory map, checking
         each block there before it is parsed (`VerifiedFile.check`), else None (not held, held by
         a faster tier, or `accept(fd)` says no). Close it when done; after its `CorruptCacheFile`,
-        go on with `reread`."""
+        go on with `reread`.
+
+        `start`: the caller parses nothing before this byte (a resume mid-shard): the checks begin
+        at the block holding it, and faster tiers neither turn the hit down nor serve the read
+        (they keep and serve whole shards: a read from mid-shard can neither fill nor use them)."""
         for index, tier in enumerate(self.tiers):
             if isinstance(tier, DiskTier):
                 source = tier.lookup(url)
-                fill = any(isinstance(t, MemoryTier) and t.max_bytes >= (source.size if source else 0)
-                           for t in self.tiers[:index])  # (the stream fills faster tiers on the way)
+                fill = not start and any(isinstance(t, MemoryTier) and t.max_bytes >= (source.size if source else 0)
+                                         for t in self.tiers[:index])  # (the stream fills faster tiers on the way)
                 if source is not None and (fill or (accept is not None and not accept(source.file.fileno()))):
                     source.close()
                     source = None
                 if source is not None:
+                    source.check_from(start)
                     tier.counters.add(hits=1)
                     for upper in self.tiers[:index]:
                         upper.counters.add(misses=1)
                 return source
-            if url in tier:
+            if url in tier and not start:  # (a faster tier serves whole shards only)
                 return None
         return None
 
     def reread(self, url: str, open_origin: OpenOrigin, failure: CorruptCacheFile) -> Iterator[bytes]:
         """After `failure` stopped a mapped hit (`open_mapped`): the whole shard again, from byte 0,
         from a fresh copy (the corrupt file is evicted and fetched again, once per node). The bytes
-        the hit had checked are checked again, block by block, before they are handed on: the shard
-        is the one that was parsed so far, or this raises."""
+        before the bad block (those the hit had checked, and those a hit opened at a `start`
+        skipped) are checked again against the record, block by block, before they are handed on:
+        the shard is the one that was parsed so far, or this raises."""
         failure.source.tier.counters.add(corrupt=1)  # type: ignore[union-attr]
         yield from self._repair(url, open_origin, failure, keep=True)
 

@@ -6,7 +6,6 @@ generators). `TarShardSamples` is the pipeline stage that opens each URL and run
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from typing import (
     Any,
@@ -23,7 +22,6 @@ from typing import (
 
 from .._base.errors import FormatError, ShardStreamError, UsageError
 from .._base.handlers import reraise_exception
-from .._cache.check import CorruptCacheFile, VerifiedFile
 from .._cache.shardcache import ShardCache
 from .._fetch.open import local_path_of
 from .._fetch.options import FetchOptions
@@ -31,11 +29,11 @@ from .._fetch.registry import fetches_natively
 from .._fetch.stream import ChunkStream, open_stream
 from .._stages.contract import PipelineStage
 from .._stages.resumable import ResumeTraits
-from .._tar.codecs import MAGIC_BYTES, sniff
 from .._tar.keys import base_plus_ext, is_meta
 from .._tar.reader import TarMember
+from .hits import hit_member_batches, open_hit
 from .index import index_position
-from .members import SourceStats, chunk_member_batches, mapped_member_batches, member_batches
+from .members import SourceStats, member_batches
 from .origin import open_origin, pulling, shard_range, source_url
 
 __all__ = ["ShardCursor", "TarShardSamples", "shard_samples"]
@@ -151,11 +149,6 @@ class ShardCursor:
 _NO_ITEM = object()
 
 
-def _uncompressed(fd: int) -> bool:
-    """Whether the open file `fd` does not start like a gzip, bzip2 or xz stream (can be mapped)."""
-    return sniff(os.pread(fd, MAGIC_BYTES, 0))[0] is None
-
-
 class TarShardSamples(PipelineStage):
     """Shard URLs in, samples out: webdataset's url_opener + tar_file_expander + group_by_keys, fused.
 
@@ -241,46 +234,17 @@ class TarShardSamples(PipelineStage):
     def batches(
         self, url: str, start_offset: int = 0, ready: Optional[ChunkStream] = None, info: Optional[Dict[str, Any]] = None
     ) -> Iterator[List[TarMember]]:
-        """The shard's members in batches; local files and disk-cache hits are memory-mapped
-        (unless an opener is set; a hit's blocks are checked in the map before they are parsed),
-        everything else is streamed."""
+        """The shard's members in batches from the member header at `start_offset`; local files
+        and disk-cache hits are memory-mapped (unless an opener is set; a hit's blocks are checked
+        in the map before they are parsed, from the block holding `start_offset`), everything else
+        is streamed (from the origin, with a Range from `start_offset`, when it is not 0)."""
         mappable = local_path_of(url) if self.opener is None else None
-        if mappable is None and self.opener is None and self.cache is not None and not start_offset:
-            hit = self.cache.open_mapped(url, accept=_uncompressed)
+        if mappable is None and self.opener is None and self.cache is not None:
+            hit = open_hit(self.cache, url, start_offset)
             if hit is not None:
-                return self._mapped_hit(url, hit, info)
+                return hit_member_batches(self.cache, url, hit, self._origin, self.source_stats, start_offset, info)
         open_chunks = lambda u, s: self.open(u, s, ready)  # noqa: E731
         return member_batches(url, mappable, open_chunks, self.source_stats, start_offset, info)
-
-    def _mapped_hit(self, url: str, hit: VerifiedFile, info: Optional[Dict[str, Any]]) -> Iterator[List[TarMember]]:
-        """A disk-cache hit parsed in place. A corrupt block stops it before it is parsed; the
-        shard is then parsed again from a fresh copy (`ShardCache.reread`), without the members
-        handed out already."""
-        if info is not None:
-            info["compressed"] = False
-        delivered = 0
-        try:
-            try:
-                for members in mapped_member_batches(
-                    hit.path, url, self.source_stats, fd=hit.file.fileno(), check=hit.check,
-                    window=hit.record.block_size,
-                ):
-                    delivered += len(members)
-                    yield members
-                return
-            except CorruptCacheFile as exn:
-                if exn.source is not hit:
-                    raise
-                failure = exn
-        finally:
-            hit.close()  # (after a failure the file stays open until the re-read has used it)
-        chunks = self.cache.reread(url, self._origin, failure)  # type: ignore[union-attr]
-        for members in chunk_member_batches(chunks, url, self.source_stats, 0, info):
-            if delivered:
-                drop = min(delivered, len(members))
-                delivered -= drop
-                members = members[drop:]
-            yield members
 
     def _shard(
         self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,
