@@ -148,9 +148,10 @@ def test_loop_survives_fork(served):
     assert b"".join(open_stream(url)) == data
 
 
-def test_exit_closes_sessions_without_warnings(served):
+@pytest.mark.parametrize("uvloop_env", ["1", "0"], ids=["uvloop-if-installed", "asyncio"])
+def test_exit_closes_sessions_without_warnings(served, uvloop_env):
     """An interpreter that exits with a stream mid-download and an idle pooled connection says
-    nothing about unclosed sessions, connectors or destroyed tasks."""
+    nothing about unclosed sessions, connectors or destroyed tasks, on either event loop."""
     server, _ = served
     server.options.bandwidth = 2e6
     try:
@@ -169,16 +170,38 @@ def test_exit_closes_sessions_without_warnings(served):
             next(running)
             seen["session"] = _loop.run_coroutine(_loop.get_session()).result(5)
             seen["loop"] = _loop.get_loop()
+            print("LOOP", type(seen["loop"]).__module__)
             print("EXITING", flush=True)
             """
         )
         proc = subprocess.run(
             [sys.executable, "-W", "always::ResourceWarning", "-c", script],
             cwd=REPO, capture_output=True, text=True, timeout=25,
+            env={**os.environ, "SHARDSTREAM_UVLOOP": uvloop_env},
         )
     finally:
         server.options.bandwidth = None
     assert proc.returncode == 0, proc.stderr
     assert "EXITING" in proc.stdout and "CLOSED True True" in proc.stdout
+    expected = "uvloop" if uvloop_env == "1" and _uvloop_installed() else "asyncio.unix_events"
+    assert f"LOOP {expected}" in proc.stdout, proc.stdout
     for noise in ("Unclosed", "unclosed", "Task was destroyed", "Exception ignored", "Traceback"):
         assert noise not in proc.stderr, proc.stderr
+
+
+def _uvloop_installed() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_the_shared_loop_is_uvloop_when_it_is_installed(served):
+    """With the `fast` extra the streams run on uvloop (the default, SHARDSTREAM_UVLOOP unset)."""
+    uvloop = pytest.importorskip("uvloop")
+    if os.environ.get("SHARDSTREAM_UVLOOP") == "0":
+        pytest.skip("SHARDSTREAM_UVLOOP=0 in this environment")
+    server, data = served
+    assert isinstance(_loop.get_loop(), uvloop.Loop)
+    assert b"".join(open_stream(server.url("blob.bin"))) == data
