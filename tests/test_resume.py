@@ -214,6 +214,24 @@ def test_seeking_resume_reads_only_what_is_left(big_shards):
     assert _source_bytes(resumed) < total / 3 * (40 / 60) + 8192
 
 
+def _stop_and_resume(build, take, server, build_resumed=None):
+    """A full pass, then a pass stopped after `take` items whose state a fresh dataset (from
+    `build_resumed`, else `build`) resumes; the server's counters cover the resumed pass only.
+    Returns (full, first, rest, state, the resumed dataset)."""
+    full = list(build())
+    first_ds = build()
+    it = iter(first_ds)
+    first = [next(it) for _ in range(take)]
+    state = first_ds.state_dict()
+    del it, first_ds
+    server.stats.reset()
+    resumed = (build_resumed or build)()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert_same_stream(full, first + rest)
+    return full, first, rest, state, resumed
+
+
 def test_seeking_resume_over_http_uses_a_range_request(big_shards):
     root, shards = big_shards
     with ShardServer(root) as server:
@@ -222,19 +240,8 @@ def test_seeking_resume_over_http_uses_a_range_request(big_shards):
         def build():
             return wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls")
 
-        full = list(build())
-        full_bytes = server.stats.snapshot().bytes_sent
-        first_ds = build()
-        it = iter(first_ds)
-        first = [next(it) for _ in range(150)]
-        state = first_ds.state_dict()
-        del it
-        first_ds = None
-        server.stats.reset()
-        resumed = build()
-        resumed.load_state_dict(state)
-        rest = list(resumed)
-        assert_same_stream(full, first + rest)
+        full_bytes = sum(os.path.getsize(p) for p in shards)
+        _stop_and_resume(build, 150, server)
         after = server.stats.snapshot()
         assert after.range_requests >= 1
         assert after.path_requests == {"big-2.tar": 1}  # the finished shards are not fetched again
@@ -257,19 +264,9 @@ def test_seeking_resume_over_http_reads_a_cached_shard_from_the_disk_cache(big_s
                 urls, shardshuffle=False, cache_dir=cache_dir, cache_memory_bytes=memory
             ).to_tuple("__key__", "cls", "bin")
 
-        full = list(build())  # fills the cache
-        first_ds = build()
-        it = iter(first_ds)
-        first = [next(it) for _ in range(90)]  # 30 samples into big-1
-        state = first_ds.state_dict()
+        # the full pass fills the cache; the stop is 30 samples into big-1
+        _full, _first, rest, state, resumed = _stop_and_resume(build, 90, server)
         assert state["position"][1:3] == [1, 30] and state["position"][3] > 0
-        del it
-        first_ds = None
-        server.stats.reset()
-        resumed = build()
-        resumed.load_state_dict(state)
-        rest = list(resumed)
-        assert_same_stream(full, first + rest)
         assert [s[0] for s in rest] == [f"s{i:04d}" for i in range(90, 180)]
         assert server.stats.snapshot().path_requests == {}  # big-1 (and big-2) came from the cache
         cache = resumed.stats().cache
@@ -288,18 +285,7 @@ def test_seeking_resume_of_a_shard_not_in_the_cache_reads_the_rest_from_the_orig
         def build(cache=None):
             return wds.WebDataset(urls, shardshuffle=False, cache_dir=cache).to_tuple("__key__", "cls")
 
-        full = list(build())
-        first_ds = build()
-        it = iter(first_ds)
-        first = [next(it) for _ in range(90)]
-        state = first_ds.state_dict()
-        del it
-        first_ds = None
-        server.stats.reset()
-        resumed = build(cache_dir)
-        resumed.load_state_dict(state)
-        rest = list(resumed)
-        assert_same_stream(full, first + rest)
+        *_, resumed = _stop_and_resume(build, 90, server, lambda: build(cache_dir))
         after = server.stats.snapshot()
         assert after.path_requests == {"big-1.tar": 1, "big-2.tar": 1} and after.range_requests >= 1
         cached = resumed.stats().cache["disk"]
