@@ -1,4 +1,4 @@
-"""The process-wide asyncio event loop on a daemon thread, and the HTTP sessions that live on it.
+"""The process-wide event loop on a daemon thread, and the HTTP sessions that live on it.
 
 Network I/O for every shard in flight runs on one loop (DESIGN.md, execution model). The loop
 starts lazily on first use and is replaced after fork: a child gets a fresh loop and fresh
