@@ -260,15 +260,17 @@ async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> Async
     if start < 0:
         raise UsageError(f"negative start {start}", url=url)
     lease = await _retrying(lambda: lease_client(options), url=url, options=options, offset=lambda: start)
-    reader = _ObjectReader(lease.client, url, start, max(1, options.chunk_size))
     try:
-        while True:
-            chunk = await _retrying(reader.read, url=url, options=options, offset=lambda: reader.received)
-            if not chunk:
-                return
-            yield chunk
+        reader = _ObjectReader(lease.client, url, start, max(1, options.chunk_size))
+        try:
+            while True:
+                chunk = await _retrying(reader.read, url=url, options=options, offset=lambda: reader.received)
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            reader.close()
     finally:
-        reader.close()
         lease.release()
 
 
