@@ -22,9 +22,7 @@ import os
 import threading
 from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional, TypeVar
 
-__all__ = [
-    "add_shutdown_hook", "close_session", "get_loop", "get_session", "new_event_loop", "run_coroutine", "shutdown_loop",
-]
+__all__ = ["add_shutdown_hook", "close_session", "get_loop", "get_session", "run_coroutine", "shutdown_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +39,7 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.loop = new_event_loop()
+        self.loop = _new_event_loop()
         self.thread = threading.Thread(target=self._run, name="shardstream-loop", daemon=True)
         self.thread.start()
 
@@ -50,7 +48,7 @@ class _LoopThread:
         self.loop.run_forever()
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
+def _new_event_loop() -> asyncio.AbstractEventLoop:
     """A new event loop: uvloop's when it is installed and SHARDSTREAM_UVLOOP is not 0, else asyncio's."""
     if os.environ.get("SHARDSTREAM_UVLOOP", "1") != "0":
         try:

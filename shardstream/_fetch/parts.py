@@ -33,6 +33,7 @@ import collections
 import contextvars
 import functools
 import itertools
+import operator
 import os
 import time
 from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Tuple
@@ -111,6 +112,11 @@ class _Reading:
         self.read_to = start
 
     @property
+    def reader(self) -> Any:
+        """The key of its reader's streams: the group, or the stream itself when it has none."""
+        return self if self.group is None else self.group
+
+    @property
     def remaining(self) -> Optional[int]:
         return None if self.size is None else max(0, self.size - self.read_to)
 
@@ -134,16 +140,15 @@ class PartBudget:
     def open(self, group: Any, start: int) -> _Reading:
         """Register a stream of reader `group` (None: a reader of its own), read after the ones before."""
         reading = _Reading(group, start)
-        self._groups.setdefault(reading if group is None else group, []).append(reading)
+        self._groups.setdefault(reading.reader, []).append(reading)
         return reading
 
     def close(self, reading: _Reading) -> None:
-        key = reading if reading.group is None else reading.group
-        streams = self._groups.get(key)
+        streams = self._groups.get(reading.reader)
         if streams is not None and reading in streams:
             streams.remove(reading)
             if not streams:
-                del self._groups[key]
+                del self._groups[reading.reader]
         self._grant()
 
     def sized(self, reading: _Reading, size: int) -> None:
@@ -197,7 +202,7 @@ class PartBudget:
         self._waiting = waiting
         if not waiting:
             return
-        waiting.sort(key=_entry_key)
+        waiting.sort(key=operator.itemgetter(0))  # reading order: (stream, part)
         before = self._before()
         granted = False
         for entry in waiting:
@@ -220,9 +225,6 @@ class PartBudget:
         if granted:
             self._waiting = [entry for entry in waiting if entry[2] is not None]
 
-
-def _entry_key(entry: list) -> Tuple[int, int]:
-    return entry[0]
 
 
 _budget: Optional[PartBudget] = None
