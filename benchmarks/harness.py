@@ -108,15 +108,15 @@ class Comparison:
         numerator, denominator: `Config.key`s ("workload/name").
         target: the least ratio that counts as met for samples/s, the largest for memory (None:
             reported only).
-        measure: what is divided: "rate" (samples/s), "pss" (peak PSS MB) or "added" (the PSS the
-            first pass added to the process tree).
+        measure: what is divided: "rate" (samples/s), "pss" (the first pass's peak PSS MB) or
+            "added" (the PSS the first pass added to the process tree).
     """
 
     label: str
     numerator: str
     denominator: str
     target: Optional[float] = None
-    measure: str = "rate"  # or "pss" (peak PSS) or "added" (the PSS the first pass added): lower is better
+    measure: str = "rate"  # or "pss" (the first pass's peak PSS) or "added" (what it added): lower is better
 
 
 @dataclass(frozen=True)
@@ -199,16 +199,23 @@ class Result:
         return max((r.peak_pss_mb for r in self.reps), default=0.0)
 
     @property
-    def added_pss_mb(self) -> float:
+    def added_pss_mb(self) -> Optional[float]:
         """What the first pass added to the process tree's PSS (its peak less the PSS just before
         it): the loader's threads or worker processes, its buffers and what it imported lazily,
-        without the interpreter, torch and the library's import that both sides share."""
+        without the interpreter, torch and the library's import that both sides share. None when
+        an untimed pass ran in the process before it (a warm cache's filling pass): its base
+        already holds all that."""
         first = self.first
-        return max(0.0, first.peak_pss_mb - first.base_pss_mb) if first else 0.0
+        if first is None or self.config.cache == "warm":
+            return None
+        return max(0.0, first.peak_pss_mb - first.base_pss_mb)
 
     def value(self, measure: str) -> float:
-        """The figure a `Comparison` divides: "rate", "pss" or "added"."""
-        return {"rate": self.rate, "pss": self.peak_pss_mb, "added": self.added_pss_mb}[measure]
+        """The figure a `Comparison` divides: "rate" (samples/s), "pss" (the first pass's peak PSS)
+        or "added" (`added_pss_mb`); 0.0 when there is none."""
+        first = self.first
+        figures = {"rate": self.rate, "pss": first.peak_pss_mb if first else 0.0, "added": self.added_pss_mb}
+        return figures[measure] or 0.0
 
     def to_json(self) -> dict:
         """A JSON-ready dict with the raw repetitions and the summary figures."""

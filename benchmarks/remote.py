@@ -94,7 +94,7 @@ def comparisons() -> list[Comparison]:
         *(Comparison(f"HTTP first pass (lengths pipeline): shardstream / webdataset-dl{n}", "http-first/shardstream",
                      f"http-first/webdataset-dl{n}", target=target)
           for n, target in zip(WEBDATASET_WORKERS, (5.0, 1.5))),
-        Comparison("HTTP first pass, peak PSS: shardstream / webdataset-dl8", "http-first/shardstream",
+        Comparison("HTTP first pass, its peak PSS: shardstream / webdataset-dl8", "http-first/shardstream",
                    "http-first/webdataset-dl8", target=0.6, measure="pss"),
         Comparison("HTTP first pass, PSS added by the pass: shardstream / webdataset-dl8", "http-first/shardstream",
                    "http-first/webdataset-dl8", measure="added"),

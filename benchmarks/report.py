@@ -52,7 +52,7 @@ def row(result: Result, results: list[Result]) -> list[str]:
         "-" if scaled else f"{1000 * first.first_s:.0f}",
         "-" if scaled else f"{1000 * first.cpu_s / first.samples:.2f}",
         "-" if scaled else f"{result.peak_pss_mb:.0f}",
-        "-" if scaled else f"{result.added_pss_mb:.0f}",
+        "-" if scaled or result.added_pss_mb is None else f"{result.added_pss_mb:.0f}",
     ]
 
 
@@ -73,7 +73,8 @@ def format_table(results: list[Result], header: str) -> str:
     lines += ["", "samples/s, MB/s, first ms, CPU s/1k: the first pass of a fresh process (what a training job "
               "sees each epoch); best of N: the fastest of the process's passes",
               "MB/s = shard bytes read per second (1 MB = 1e6 bytes); added MB = the first pass's peak PSS less "
-              "the process's PSS just before it (what the loader added: its workers or threads, buffers, lazy imports)",
+              "the process's PSS just before it (what the loader added: its workers or threads, buffers, lazy imports; "
+              "'-' after an untimed pass in the same process)",
               ratio_line]
     return "\n".join(lines)
 
@@ -106,7 +107,7 @@ def format_comparisons(results: list[Result], comparisons: list[Comparison]) -> 
     if not rows:
         return ""
     width = max(len(label) for label, _, _ in rows)
-    lines = ["comparisons (samples/s over samples/s; memory: peak PSS, or the PSS the first pass added, over the same):"]
+    lines = ["comparisons (samples/s over samples/s; memory: the first pass's peak PSS, or what it added, over the same):"]
     lines += [f"  {label.ljust(width)}  {value:>6}  {verdict}".rstrip() for label, value, verdict in rows]
     return "\n".join(lines)
 
