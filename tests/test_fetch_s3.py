@@ -542,7 +542,7 @@ def test_a_stream_keeps_a_retired_client_until_it_ends(bucket, s3_admin, monkeyp
         (old,) = [entry for entry in _s3client._clients.values() if entry.key[0] is loop]
         monkeypatch.setenv("AWS_SHARDSTREAM_TEST_MARK", "1")  # any AWS_* variable is configuration
         newer = await _s3client.client_for(Options())
-        assert newer is not old.ready.result() and old.retired and not old.task.done()
+        assert newer is not old.ready.result() and old in _s3client._retired and not old.task.done()
         rest = [chunk async for chunk in stream]
         assert first + b"".join(rest) == data
         await asyncio.wait([old.task], timeout=5)

@@ -214,7 +214,7 @@ class VerifiedFile:
     def check(self, view, stop: int) -> None:
         """Check the blocks of a memory map of this file (`view`) up to the one holding byte
         `stop - 1`, in order from byte 0 (or from `check_from`'s block), before the caller parses
-        any of them (`_members.mapped_member_batches`).
+        any of them (`_shard.members.mapped_member_batches`).
 
         Raises CorruptCacheFile at the first bad block (its `bad_offset`: how far the map was good).
         """
@@ -274,7 +274,6 @@ class Resume:
         # keep: hand the bytes on instead of dropping them, each block once it is checked (for a
         # reader that parses the shard again from its start and drops what it delivered itself)
         self._keep: Optional[List] = [] if keep else None
-        self._block_size = block_size
 
     @classmethod
     def after(cls, failure: CorruptCacheFile, keep: bool = False) -> "Resume":

@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from .check import BlockDigest, block_digest
+from .naming import _unlink, cache_file_name
 from .._base.errors import FetchError
 
 __all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "follow", "open_progress_log", "progress_log_path"]
@@ -90,7 +91,7 @@ class BlockWriter:
         self.fd, self.log_fd = fd, log_fd
         self.error: Optional[OSError] = None
         self.digest = BlockDigest(block_size, on_block=self._publish if log_fd is not None else None)
-        self._wake = block_size
+        self._wake = min(block_size, MAX_QUEUED // 2)  # (a put blocks at MAX_QUEUED: wake before)
         self._queue: collections.deque = collections.deque()
         self._queued = 0
         self._cond = threading.Condition()
@@ -235,13 +236,6 @@ class DiskWriter:
             self.tier.counters.add(discarded=1)
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 class FollowEnd(NamedTuple):
     """How following a write ended. kind: "committed" (`source` is the committed file, already set
     to go on after the delivered blocks), "claimed" (`claim`: the writer is gone, fetch it
@@ -256,8 +250,6 @@ class FollowEnd(NamedTuple):
 
 def _live_logs(tier, url: str) -> List[Tuple[float, str]]:
     """(mtime, path) of the progress logs of `url`'s writes in progress, newest first."""
-    from .naming import cache_file_name
-
     pattern = os.path.join(glob.escape(tier.cache_dir), glob.escape(f".{cache_file_name(url)}") + ".*.sums.tmp")
     found = []
     for path in glob.glob(pattern):

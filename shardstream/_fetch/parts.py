@@ -7,10 +7,11 @@ download: the ones the reader needs soonest first (streams in the order they wer
 in byte order). A part is granted only when it lies within `budget` bytes of its reader's
 position, counting the rest of every stream that reader reads before it (a stream opened ahead
 waits until the streams before it have said their size and the reader is near its start), and
-while the bytes granted to all readers fit in `budget`. So memory stays within budget, and what
-it holds is always the bytes each reader needs next: never the heads of shards opened far ahead
-while the shard being read waits for connections. The part at the front of each stream (the
-next bytes its reader wants) never waits for the budget, so the reader always makes progress.
+while the bytes granted to all readers fit in `budget`. So what the budget holds is always the
+bytes each reader needs next: never the heads of shards opened far ahead while the shard being
+read waits for connections. The part at the front of each stream (the next bytes its reader
+wants) never waits for the budget and is not counted in it, so the reader always makes progress;
+memory stays within budget plus one front part per stream being read.
 
 Which front is free is decided by demand, not position: a stream's front part waits for the
 budget like any other until the stream's consumer blocks on it (`Demand`, signalled by the

@@ -32,7 +32,7 @@ _fetchers: Dict[str, Union[str, Fetcher]] = {
     "https": ".http:http_stream",
     "s3": ".s3:s3_stream",
 }
-# Fetchers that can fetch in parallel parts (see _parts.parallel_stream for the contract).
+# Fetchers that can fetch in parallel parts (see parts.parallel_stream for the contract).
 _PARTED = {".http:http_stream"}
 _registry_lock = threading.Lock()
 

@@ -238,7 +238,6 @@ class _ObjectReader:
         if self._body is not None:
             self._body.close()
             self._body = None
-        self._break_after = None
 
 
 async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> AsyncGenerator[bytes, None]:

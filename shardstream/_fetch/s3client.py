@@ -61,14 +61,13 @@ _ClientKey = Tuple[asyncio.AbstractEventLoop, Any, Any, str]
 class _Client:
     """One client's holder task, the future the client is handed out through, and its leases."""
 
-    __slots__ = ("key", "task", "ready", "users", "retired")
+    __slots__ = ("key", "task", "ready", "users")
 
     def __init__(self, key: _ClientKey, task: "asyncio.Task[None]", ready: "asyncio.Future[Any]") -> None:
         self.key = key
         self.task = task
         self.ready = ready
         self.users = 0  # leases held (streams and listings reading through it)
-        self.retired = False  # no longer in the table: closed when `users` drops to 0
 
 
 _clients: Dict[_ClientKey, _Client] = {}
@@ -132,9 +131,9 @@ def _entry_for(options: Any, *, lease: bool) -> _Client:
         if entry is None:
             for stale in [k for k in _clients if k[0].is_closed()]:  # loops closed without cleanup
                 del _clients[stale]
+            _retired.difference_update([e for e in _retired if e.key[0].is_closed()])
             for old in [k for k in _clients if k[0] is loop and k[3] != key[3]]:
                 retired = _clients.pop(old)
-                retired.retired = True
                 _retired.add(retired)
                 if not retired.users:
                     idle.append(retired)

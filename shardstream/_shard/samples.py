@@ -239,7 +239,8 @@ class TarShardSamples(PipelineStage):
         in the map before they are parsed, from the block holding `start_offset`), everything else
         is streamed (from the origin, with a Range from `start_offset`, when it is not 0)."""
         mappable = local_path_of(url) if self.opener is None else None
-        if mappable is None and self.opener is None and self.cache is not None:
+        if mappable is None and self.opener is None and self.cache is not None and ready is None:
+            # (with `ready`, the cache had no copy when the stream was opened ahead: no lookup again)
             hit = open_hit(self.cache, url, start_offset)
             if hit is not None:
                 return hit_member_batches(self.cache, url, hit, self._origin, self.source_stats, start_offset, info)

@@ -8,7 +8,7 @@ out what decompressed before it. They differ in one place: zlib's decompressor c
 gzip salvages everything up to the bad byte and what a caller gets never depends on the
 chunking; the bz2 and lzma decompressors cannot, so for them the chunk holding the corruption
 yields nothing (what comes out of an intact stream never depends on the chunking). No I/O:
-`_tar.TarReader` feeds them and adds the location.
+`_tar.reader.TarReader` feeds them and adds the location.
 """
 
 from __future__ import annotations
