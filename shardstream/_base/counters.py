@@ -1,4 +1,4 @@
-"""Named event counters, thread-safe: the one counter class behind every stats object.
+"""Named event counters, thread-safe: the one counter class behind the fetch, S3, source and cache-tier stats.
 
 Fetch streams, the S3 client, source stages and cache tiers each count events (bytes, retries,
 hits, ...) from several threads. They all use `Counters`: `add(**counts)` under one lock,

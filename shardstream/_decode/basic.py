@@ -28,6 +28,7 @@ __all__ = [
     "npy_loads",
     "npz_loads",
     "pickle_allowed",
+    "pickle_setting",
     "pytorch_weights_only",
     "tenbin_loads",
     "torch_loads",
@@ -72,6 +73,27 @@ def pickle_allowed() -> bool:
     if _pickle_switch is not None:
         return _pickle_switch
     return os.environ.get(_PICKLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+class pickle_setting:
+    """`with pickle_setting(value):` the pickle switch is `value` in this context only (a
+    Decoder's own `allow_pickle`), whatever `allow_pickle()` and the environment say; None
+    changes nothing."""
+
+    __slots__ = ("value", "_token")
+
+    def __init__(self, value: Optional[bool]) -> None:
+        self.value = value
+        self._token: Optional[contextvars.Token] = None
+
+    def __enter__(self) -> None:
+        if self.value is not None:
+            self._token = _pickle_override.set(self.value)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            _pickle_override.reset(self._token)
+            self._token = None
 
 
 def check_pickle_allowed(what: str) -> None:

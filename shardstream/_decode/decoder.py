@@ -1,4 +1,4 @@
-"""Per-sample decoding with webdataset's handler chains (`Decoder`, `Continue`, basic handlers).
+"""Per-sample decoding with webdataset's handler chains (`Decoder`, `Continue`; the basic handlers are in `basic.py`).
 
 A Decoder runs `pre + handlers + post` on every field; the first handler that returns something
 other than None wins, and a `Continue` hands a new (key, data) to the handlers after it. Results
@@ -18,7 +18,7 @@ import logging
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .audio import AudioHandler
-from .basic import _pickle_override, basichandlers
+from .basic import basichandlers, pickle_setting
 from .._base.errors import ShardStreamError, UsageError
 from .fusedimage import FusedImageHandler
 from .image import (
@@ -230,12 +230,8 @@ class Decoder:
     def decode1(self, key: str, data: Any) -> Any:
         """Decode one field named `key` (without the leading dot)."""
         self._refresh_plans()
-        token = None if self.allow_pickle is None else _pickle_override.set(self.allow_pickle)
-        try:
+        with pickle_setting(self.allow_pickle):
             return self._decode_field("." + key, data)
-        finally:
-            if token is not None:
-                _pickle_override.reset(token)
 
     def decode(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         """Decode all fields of a sample into a new dict.
@@ -246,12 +242,8 @@ class Decoder:
         """
         assert isinstance(sample, dict), sample
         self._refresh_plans()
-        token = None if self.allow_pickle is None else _pickle_override.set(self.allow_pickle)
-        try:
+        with pickle_setting(self.allow_pickle):
             return self._decode_sample(sample)
-        finally:
-            if token is not None:
-                _pickle_override.reset(token)
 
     def _decode_sample(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         result = {}

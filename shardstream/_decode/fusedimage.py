@@ -366,7 +366,9 @@ _pool_thread = threading.local()
 def _one_intra_op_thread(torch: Any) -> None:
     """On the engine's decode pool threads, torch's intra-op threads only oversubscribe the cores
     the pool already keeps busy (OpenMP's spinning cost ~10% CPU per image here): give each pool
-    thread one. With the OpenMP backend the setting is per thread; other threads keep theirs."""
+    thread one. With the OpenMP backend the setting is the calling thread's, and torch also keeps
+    it as the default of threads that first use torch afterwards (threads that used it before,
+    the main thread among them, keep theirs): a thread started later that wants more sets its own."""
     if getattr(_pool_thread, "checked", False):
         return
     _pool_thread.checked = True

@@ -181,7 +181,7 @@ def imagehandler(imagespec: str, extensions: Iterable[str] = IMAGE_EXTENSIONS, *
     """Create an ImageHandler (webdataset's lower-case alias).
 
     With keyword options (`size=224, crop="center"`, ...) it returns the fused decode + crop +
-    resize handler instead (`_fusedimage.FusedImageHandler`, which documents the options).
+    resize handler instead (`_decode.fusedimage.FusedImageHandler`, which documents the options).
     """
     if not fused:
         return ImageHandler(imagespec, extensions)

@@ -26,7 +26,7 @@ from .._base.counters import Counters
 from .segments import STOP, Segment, note_stage, run_task, split_segments, tracked
 from .stats import PipelineStats, StageStats
 
-__all__ = ["EngineIterator", "Segment", "split_segments"]
+__all__ = ["EngineIterator"]
 
 log = logging.getLogger(__name__)
 

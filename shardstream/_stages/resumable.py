@@ -19,7 +19,6 @@ when a class of the package declares traits or state without a harness case.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Protocol, TypeVar, runtime_checkable
 
@@ -53,9 +52,6 @@ class ResumeTraits:
     skip_on_resume: bool = False
     deterministic: bool = True
     other_processes: bool = False
-
-    def replace(self, **changes: bool) -> "ResumeTraits":
-        return dataclasses.replace(self, **changes)
 
 
 NO_TRAITS = ResumeTraits()

@@ -20,7 +20,7 @@ import numpy as np
 from .._plan.ranks import pytorch_worker_info
 from .._base.redact import redact
 from .contract import PipelineStage
-from .resumable import ResumeTraits, clean_cut
+from .resumable import ResumeTraits, clean_cut, declare
 from .._base.lazytorch import is_tensor
 
 __all__ = [
@@ -215,7 +215,7 @@ def _rsample(data, p=0.5):
             yield sample
 
 
-_rsample.resume_traits = ResumeTraits(deterministic=False)  # type: ignore[attr-defined]  # the random module's draws
+declare(_rsample, deterministic=False)  # the random module's draws
 
 
 @clean_cut
