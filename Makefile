@@ -44,6 +44,9 @@ $(CLIP_STAMP): pyproject.toml
 test: $(STAMP) $(CLIP_STAMP)
 	$(PY) -m mypy
 	OPENCLIP_PYTHON="$(abspath $(CLIP_PY))" $(PY) -m pytest -q -p no:cacheprovider tests
+	# the fetchers again on asyncio's own loop (the suite above runs on uvloop, a `dev` extra)
+	SHARDSTREAM_UVLOOP=0 $(PY) -m pytest -q -p no:cacheprovider tests/test_loop.py tests/test_fetch_http.py \
+		tests/test_fetch_parallel.py tests/test_parts.py tests/test_retries.py tests/test_fetch_s3.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

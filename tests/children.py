@@ -7,15 +7,32 @@ from typing import Any, List, Sequence
 
 
 def run_children(procs: Sequence[Any], outs: Sequence[str], timeout: float) -> List[Any]:
-    """Start `procs`, wait up to `timeout` s for each, require exit status 0 from every one, and
-    return what each wrote to its file in `outs` (JSON)."""
+    """Start `procs`, then `join_children`."""
     for proc in procs:
         proc.start()
-    for proc in procs:
-        proc.join(timeout)
+    return join_children(procs, outs, timeout)
+
+
+def join_children(procs: Sequence[Any], outs: Sequence[str], timeout: float) -> List[Any]:
+    """Wait up to `timeout` s for each of the started `procs` (those still running then are
+    killed: a failing test leaves none behind), require exit status 0 from every one, and return
+    what each wrote to its file in `outs` (JSON)."""
+    try:
+        for proc in procs:
+            proc.join(timeout)
+    finally:
+        kill_alive(procs)
     assert [proc.exitcode for proc in procs] == [0] * len(procs)
     results = []
     for out in outs:
         with open(out) as f:
             results.append(json.load(f))
     return results
+
+
+def kill_alive(procs: Sequence[Any]) -> None:
+    """Kill and reap whichever of `procs` still run."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)

@@ -70,7 +70,11 @@ class FaultProxy:
                 client, _ = self._server.accept()
             except OSError:  # timeout, or closed
                 continue
-            upstream = socket.create_connection(self.target, timeout=10)
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:  # the target is gone: drop this client, keep accepting
+                client.close()
+                continue
             with self._lock:
                 self._sockets += [client, upstream]
             requests: Deque[Tuple[str, str]] = deque()

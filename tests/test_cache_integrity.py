@@ -465,7 +465,6 @@ def test_a_mapped_hit_checks_each_block_before_it_is_parsed_and_rereads_keeping_
     _tier, cache, path = _filled(tmp_path, data)
     _corrupt(path, 3 * CHUNK + 9, 1)
     hit = cache.open_mapped(url)
-    view = memoryview(data)  # a stand-in for the map: the file's bytes, corrupted like the file
     mapped = bytearray(open(path, "rb").read())
     hit.check(memoryview(mapped), 3 * CHUNK)  # blocks 0-2 are good
     with pytest.raises(CorruptCacheFile) as info:
@@ -475,7 +474,7 @@ def test_a_mapped_hit_checks_each_block_before_it_is_parsed_and_rereads_keeping_
     # The re-read hands on the whole shard from byte 0, each of the blocks checked before once
     # checked again (against the record) before it is handed on.
     origin = Origin(data)
-    assert b"".join(cache.reread(url, origin, info.value)) == bytes(view)
+    assert b"".join(cache.reread(url, origin, info.value)) == data
     assert origin.fetches == 1 and open(path, "rb").read() == data
 
     _corrupt(path, 4 * CHUNK, 1)

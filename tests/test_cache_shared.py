@@ -15,7 +15,8 @@ import time
 import warnings
 
 import pytest
-from children import run_children
+from children import join_children, kill_alive, run_children
+from looptools import wait_for
 from shardsets import payload_digests, write_served
 
 import shardstream as wds
@@ -62,13 +63,6 @@ def _start(ctx, urls, cache_dir, fetch, barrier, tmp_path, tag):
     return proc, started, out
 
 
-def _wait_for(predicate, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def _leftovers(cache_dir):
     return glob.glob(os.path.join(glob.escape(cache_dir), ".*.tmp"))
 
@@ -87,10 +81,7 @@ def test_processes_started_together_download_each_shard_once(server, files, tmp_
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     procs = [_start(ctx, urls, cache_dir, fetch, barrier, tmp_path, f"p{n}") for n in range(PROCESSES)]
-    for proc, _, _ in procs:
-        proc.join(90)
-    assert [proc.exitcode for proc, _, _ in procs] == [0] * PROCESSES
-    results = [json.load(open(out)) for _, _, out in procs]
+    results = join_children([proc for proc, _, _ in procs], [out for _, _, out in procs], 90)
     for result in results:
         assert result["samples"] == expected  # every sample, in order, in every process
     after = server.stats.snapshot()
@@ -129,19 +120,21 @@ def test_a_writer_killed_mid_shard_is_taken_over(server, files, tmp_path):
         logs = glob.glob(os.path.join(glob.escape(cache_dir), glob.escape(f".{name0}") + f".*.{victim.pid}.*.sums.tmp"))
         return any(os.path.getsize(log) >= 16 + 8 for log in logs)  # header + one block's digest
 
-    _wait_for(victim_published_a_block, "the victim to write a block of the first shard")
-    barrier = ctx.Barrier(2)
-    followers = [_start(ctx, urls, cache_dir, fetch, barrier, tmp_path, f"f{n}") for n in range(2)]
-    _wait_for(lambda: all(os.path.exists(started) for _, started, _ in followers), "the followers to start")
-    time.sleep(0.5)  # they are reading the victim's blocks now
-    assert victim.is_alive()
-    victim.kill()
-    victim.join(10)
-    assert victim.exitcode == -signal.SIGKILL
-    for proc, _, _ in followers:
-        proc.join(90)
-    assert [proc.exitcode for proc, _, _ in followers] == [0, 0]
-    results = [json.load(open(out)) for _, _, out in followers]
+    followers = []
+    try:
+        assert wait_for(victim_published_a_block, 60), "the victim wrote no block of the first shard"
+        barrier = ctx.Barrier(2)
+        followers = [_start(ctx, urls, cache_dir, fetch, barrier, tmp_path, f"f{n}") for n in range(2)]
+        assert wait_for(lambda: all(os.path.exists(started) for _, started, _ in followers), 60), "followers not started"
+        time.sleep(0.5)  # they are reading the victim's blocks now
+        assert victim.is_alive()
+        victim.kill()
+        victim.join(10)
+        assert victim.exitcode == -signal.SIGKILL
+    except BaseException:
+        kill_alive([victim] + [proc for proc, _, _ in followers])  # a failing test leaves no process behind
+        raise
+    results = join_children([proc for proc, _, _ in followers], [out for _, _, out in followers], 90)
     for result in results:
         assert result["samples"] == expected  # nothing partial, nothing repeated, in order
     assert sum(r["stats"]["disk"]["followed"] for r in results) >= 2
@@ -226,8 +219,8 @@ def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
     holder = multiprocessing.get_context("fork").Process(target=_stuck_writer, args=(cache_dir, url, block))
     holder.start()
     try:
-        _wait_for(lambda: any(os.path.getsize(p) >= 16 + 2 * 8 for p in glob.glob(f"{cache_dir}/.*.sums.tmp")),
-                  "the holder to publish two blocks")
+        assert wait_for(lambda: any(os.path.getsize(p) >= 16 + 2 * 8 for p in glob.glob(f"{cache_dir}/.*.sums.tmp")),
+                        60), "the holder published no two blocks"
         cache = ShardCache([DiskTier(cache_dir, None, chunk_size=block, stall_timeout=1.0)])
         fetched = []
 
