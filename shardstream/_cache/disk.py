@@ -289,9 +289,9 @@ class DiskTier:
                 pass
         return sorted(seen)
 
-    def writer(self, url: str, size_hint: Optional[int] = None, *, shared: bool = True) -> Optional[DiskWriter]:
-        """A temp-file writer for `url` (call while holding `claim(url)`), or None. `shared`: publish
-        its progress, so that other processes can follow the write."""
+    def writer(self, url: str, size_hint: Optional[int] = None) -> Optional[DiskWriter]:
+        """A temp-file writer for `url` (call while holding `claim(url)`), or None. It publishes its
+        progress, so that other processes can follow the write."""
         if self.max_bytes is not None and size_hint is not None and size_hint > self.max_bytes:
             return None
         name = cache_file_name(url)
@@ -304,7 +304,7 @@ class DiskTier:
         fd = log_fd = None
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-            log_fd = open_progress_log(temp, self.chunk_size) if shared else None
+            log_fd = open_progress_log(temp, self.chunk_size)
         except OSError as exn:
             logger.warning("cannot create cache temp file %s: %s", temp, exn)
             self.counters.add(errors=1)

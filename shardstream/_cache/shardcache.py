@@ -194,8 +194,7 @@ class ShardCache(ClaimsAhead):
             resume = Resume.after(failure, keep=keep)
         try:
             if claims is None:
-                claims = {}
-                claims.update(self._claim(url))
+                claims = self._claim(url)
             held = failure.source if failure is not None else None
             if held is not None:
                 self._evict(url, failure, held.tier.name in claims)  # type: ignore[arg-type]

@@ -87,10 +87,10 @@ class BlockWriter:
     shards where a wake-up per network chunk took ~6,500.
     """
 
-    def __init__(self, fd: int, log_fd: Optional[int], block_size: int) -> None:
+    def __init__(self, fd: int, log_fd: int, block_size: int) -> None:
         self.fd, self.log_fd = fd, log_fd
         self.error: Optional[OSError] = None
-        self.digest = BlockDigest(block_size, on_block=self._publish if log_fd is not None else None)
+        self.digest = BlockDigest(block_size, on_block=self._publish)
         self._wake = min(block_size, MAX_QUEUED // 2)  # (a put blocks at MAX_QUEUED: wake before)
         self._queue: collections.deque = collections.deque()
         self._queued = 0
@@ -119,7 +119,7 @@ class BlockWriter:
         return True
 
     def _publish(self, index: int, digest: int) -> None:
-        os.write(self.log_fd, _DIGEST.pack(digest))  # type: ignore[arg-type]
+        os.write(self.log_fd, _DIGEST.pack(digest))
 
     def _run(self) -> None:
         cond = self._cond
@@ -174,11 +174,11 @@ class DiskWriter:
     """Writes a shard to a private temp file (from a `BlockWriter` thread, publishing its progress
     for other processes); `commit` renames it into place, `abort` deletes it."""
 
-    def __init__(self, tier: Any, url: str, temp: str, fd: int, log_fd: Optional[int]) -> None:
+    def __init__(self, tier: Any, url: str, temp: str, fd: int, log_fd: int) -> None:
         self.tier, self.url, self.temp = tier, url, temp
         self.size = 0
         self.live = True
-        self._fds = [fd] if log_fd is None else [fd, log_fd]
+        self._fds = [fd, log_fd]
         self.thread = BlockWriter(fd, log_fd, tier.chunk_size)  # digests from the chunks as they are written
 
     def write(self, chunk: bytes) -> None:
