@@ -24,7 +24,7 @@ from ._resume.equal_split import EqualSplit
 from ._stages.resumable import declare, traits
 from ._resume.statecheck import STATE_FORMAT, fingerprint
 from ._stages.stream_filters import SeededShuffle
-from ._loader.subprocess import SubprocessLoader, refuse
+from ._loader.subprocess import SubprocessLoader
 from ._base.lazytorch import DataLoader
 from .filters import pipelinefilter
 from .handlers import reraise_exception
@@ -280,6 +280,9 @@ class WebLoader(DataPipeline, FluidInterface):
     its batches arrive through shared memory. See SubprocessLoader.
     """
 
+    # SubprocessLoader refuses a WebLoader with this advice (its workers are processes already)
+    subprocess_refusal = "use WebLoader(..., subprocess=True) to run a WebLoader's pipeline in a helper process"
+
     def __init__(self, *args, subprocess=False, **kw) -> None:
         if subprocess and kw.get("num_workers", 0):
             raise UsageError("WebLoader(subprocess=True) runs the pipeline with threads in one helper process: "
@@ -436,4 +439,3 @@ class WebLoader(DataPipeline, FluidInterface):
         self._loader_split = state.get("split")
 
 
-refuse(WebLoader, "use WebLoader(..., subprocess=True) to run a WebLoader's pipeline in a helper process")

@@ -238,6 +238,8 @@ def test_webloader_subprocess_matches_in_process(shardset):
         _same(a, b)
     with pytest.raises(wds.UsageError):
         wds.WebLoader(dataset, batch_size=None, num_workers=2, subprocess=True)
+    with pytest.raises(wds.UsageError, match=r"WebLoader\(\.\.\., subprocess=True\)"):
+        wds.SubprocessLoader(wds.WebLoader(dataset, batch_size=None))  # its workers are processes already
 
 
 def _alive(pid: int) -> bool:

@@ -35,7 +35,7 @@ from .._plan.ranks import pytorch_worker_info
 from .shm import decode, unlink_segments
 from .._base.lazytorch import IterableDataset
 
-__all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader", "refuse"]
+__all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader"]
 
 _STOP_WAIT_S = 3.0  # how long a stopped helper may take to exit before it is terminated
 _KILL_WAIT_S = 2.0
@@ -51,16 +51,6 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.text
-
-
-# Loaders of the layers above that must not be wrapped, and what to do instead (they register
-# themselves: this layer does not import them).
-_REFUSED: Dict[type, str] = {}
-
-
-def refuse(kind: type, advice: str) -> None:
-    """Make SubprocessLoader refuse datasets of `kind` with a UsageError saying `advice`."""
-    _REFUSED[kind] = advice
 
 
 class SubprocessLoader(IterableDataset):
@@ -86,9 +76,9 @@ class SubprocessLoader(IterableDataset):
         self, dataset: Any, buffer: int = 4, *, context: Optional[str] = None, timeout: Optional[float] = None,
         preload: Optional[Sequence[str]] = None,
     ) -> None:
-        for kind, advice in _REFUSED.items():
-            if isinstance(dataset, kind):
-                raise UsageError(advice)
+        refusal = getattr(type(dataset), "subprocess_refusal", None)  # a loader that must not be wrapped says why
+        if refusal:
+            raise UsageError(refusal)
         if getattr(dataset, "num_workers", 0):
             raise UsageError("SubprocessLoader runs its pipeline with threads in one helper process: num_workers must be 0")
         if buffer < 1:
