@@ -152,3 +152,33 @@ def write_served(root: str, names: List[str], samples: int, payload: int) -> Dic
 def payload_digests(samples) -> list:
     """(key, sha256 of .bin, .txt) of each sample of random_payload_shard shards."""
     return [(s["__key__"], hashlib.sha256(s["bin"]).hexdigest(), s["txt"].decode()) for s in samples]
+
+
+HUGE_CLAIM = (8 << 30) - 1  # ~8 GiB: the most an octal USTAR size field holds
+
+
+def liar_shard(follow_mib: int) -> bytes:
+    """A tar whose one member header ("s0.bin") claims HUGE_CLAIM bytes, followed by only
+    `follow_mib` MiB of random bytes."""
+    header = tarfile.TarInfo("s0.bin")
+    header.size = HUGE_CLAIM
+    return header.tobuf(tarfile.USTAR_FORMAT) + os.urandom(1 << 20) * follow_mib
+
+
+def fails_at_header(read, match: str = "needs 8589935104 bytes from its header"):
+    """Run `read()`, which must raise the FormatError matching `match`; return that error and the
+    peak of Python's traced allocations meanwhile (the shard must not be buffered)."""
+    import tracemalloc
+
+    import pytest
+
+    import shardstream as wds
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(wds.FormatError, match=match) as caught:
+            read()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return caught.value, peak

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 from motoserver import moto_endpoint, s3_admin, s3_env  # noqa: F401  (fixtures)
+from shardsets import fails_at_header, liar_shard
 
 import shardstream as wds
 
@@ -94,34 +95,18 @@ def test_a_huge_claimed_size_over_s3_fails_at_its_header(s3_env, s3_admin):
     """A member header claiming more bytes than the object holds is refused at that header (the S3
     fetcher notes the object's size on its stream, as the HTTP one does), not after buffering the
     rest of the object as the member's data."""
-    import io
-    import os
-    import tarfile
-    import tracemalloc
-
     bucket = "shards-liar"
     try:
         s3_admin.create_bucket(Bucket=bucket)
     except s3_admin.exceptions.BucketAlreadyOwnedByYou:
         pass
-    header = tarfile.TarInfo("s0.bin")
-    header.size = (8 << 30) - 1
-    body = io.BytesIO()
-    body.write(header.tobuf(tarfile.USTAR_FORMAT))
-    body.write(os.urandom(1 << 20) * 32)  # 32 MiB follow, not 8 GiB
-    s3_admin.put_object(Bucket=bucket, Key="liar.tar", Body=body.getvalue())
+    s3_admin.put_object(Bucket=bucket, Key="liar.tar", Body=liar_shard(32))  # 32 MiB follow, not 8 GiB
     url = f"s3://{bucket}/liar.tar"
     # The client (botocore's service models: megabytes) is made before memory is measured.
     s3_admin.put_object(Bucket=bucket, Key="empty.tar", Body=b"\0" * 1024)
     assert list(wds.WebDataset(f"s3://{bucket}/empty.tar", shardshuffle=False, empty_check=False)) == []
-    tracemalloc.start()
-    try:
-        with pytest.raises(wds.FormatError, match=r"needs 8589935104 bytes from its header, the shard has 33554944 left") as caught:
-            list(wds.WebDataset(url, shardshuffle=False))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    error = caught.value
+    error, peak = fails_at_header(lambda: list(wds.WebDataset(url, shardshuffle=False)),
+                                  match=r"needs 8589935104 bytes from its header, the shard has 33554944 left")
     assert (error.url, error.member, error.offset) == (url, "s0.bin", 0)
     assert url in str(error) and "s0.bin" in str(error) and "offset=0" in str(error)
     assert peak < 12 << 20, peak
