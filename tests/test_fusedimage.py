@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -68,24 +69,45 @@ def small():  # ImageNet-like: too small for any DCT scaling towards 224
 
 
 @pytest.fixture(scope="module")
+def torchvision_small(small, tmp_path_factory):
+    """webdataset's PIL decode of `small`, through torchvision's eval transform."""
+    import webdataset
+
+    pixels = np.asarray(webdataset.imagehandler("pil")(".jpg", small).convert("RGB"))
+    return torchvision_eval(pixels, tmp_path_factory.mktemp("torchvision"))
+
+
+@pytest.fixture(scope="module")
 def large():  # large enough for 1/4 and 1/8; the last one as noisy as the benchmark corpora
     return [jpeg(photo(1600, 1200, seed=2)), jpeg(photo(1024, 1536, seed=3)), jpeg(photo(1200, 900, 5, noise=28))]
 
 
 # --- torchvision's transforms, on PIL images (the plain path) ------------------------------------
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLIP_PYTHON = os.environ.get("OPENCLIP_PYTHON") or os.path.join(REPO, ".venv-clip", "bin", "python")
+TORCHVISION_EVAL = """
+import sys
+import numpy as np
+import PIL.Image
+from torchvision import transforms
+image = PIL.Image.fromarray(np.load(sys.argv[1]))
+np.save(sys.argv[2], np.asarray(transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224)])(image)))
+"""
 
-def tv_resize(image, size):
-    w, h = image.size
-    if w <= h:
-        return image.resize((size, int(size * h / w)), PIL.Image.BILINEAR)
-    return image.resize((int(size * w / h), size), PIL.Image.BILINEAR)
 
-
-def tv_center_crop(image, size):
-    w, h = image.size
-    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
-    return image.crop((left, top, left + size, top + size))
+def torchvision_eval(pixels: np.ndarray, tmp_path) -> np.ndarray:
+    """torchvision's own eval transform (Resize(256), CenterCrop(224)) of the RGB `pixels`, run in
+    the venv that has torchvision (`make test` builds it for OpenCLIP; torchvision does not load
+    beside this venv's CPU torch)."""
+    if not os.path.exists(CLIP_PYTHON):
+        if os.environ.get("OPENCLIP_PYTHON"):
+            pytest.fail(f"OPENCLIP_PYTHON={CLIP_PYTHON} does not exist")
+        pytest.skip(f"no torchvision venv at {CLIP_PYTHON}: `make test` builds it (or set OPENCLIP_PYTHON)")
+    source, result = str(tmp_path / "in.npy"), str(tmp_path / "out.npy")
+    np.save(source, pixels)
+    subprocess.run([CLIP_PYTHON, "-c", TORCHVISION_EVAL, source, result], check=True, timeout=120)
+    return np.load(result)
 
 
 def plain(data: bytes, box, out, spec: str = "pil") -> np.ndarray:
@@ -117,11 +139,11 @@ def test_positional_form_is_webdatasets_image_handler(small):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("resizer", ["pillow", "torch"])
-def test_center_crop_is_resize_then_center_crop(small, backend, resizer):
+def test_center_crop_is_resize_then_center_crop(small, backend, resizer, torchvision_small):
     # No DCT scaling applies (328 px of crop for 224 of output): pixels as the plain eval transform
     # (torch: the crop box starts at 58.04 px, off the pixel grid, so it resizes from pixel 0).
     ours = wds.imagehandler("rgb8", size=224, crop="center", backend=backend, resizer=resizer)(".jpg", small)
-    theirs = np.asarray(tv_center_crop(tv_resize(ImageHandler("pil").decode(small), 256), 224))
+    theirs = torchvision_small
     assert ours.shape == theirs.shape == (224, 224, 3) and ours.flags.c_contiguous
     assert np.abs(ours.astype(np.int16) - theirs).max() <= 1
 
