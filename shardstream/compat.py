@@ -29,7 +29,7 @@ from ._base.lazytorch import DataLoader
 from .filters import pipelinefilter
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
-from ._engine.passes import WORKER_END, Tagged
+from ._pipeline.passes import WORKER_END, Tagged
 from .tariterators import group_by_keys, tar_file_expander
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Why this module is over 400 lines: it is one class, webdataset's surface, and the state that
 class keeps (epoch, resume point, pass bookkeeping) is read by its own methods only; the passes
-themselves run in `_engine/passes.py`, resume arithmetic lives in `_resume/`.
+themselves run in `_pipeline/passes.py`, resume arithmetic lives in `_resume/`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ._resume.states import (
 )
 from ._resume.equal_split import SHARD_SPLIT, EqualSplit, check_history
 from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
-from ._engine.passes import PipelineIterator
+from ._pipeline.passes import PipelineIterator
 from ._stages.contract import PipelineStage
 from ._stages.resumable import EpochAware, traits
 from ._engine.stats import PipelineStats

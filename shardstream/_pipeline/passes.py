@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Iterator, List, Optional, Sequence
 
 from .._base.errors import UsageError
-from .run import EngineIterator
-from .stats import PipelineStats
+from .._engine.run import EngineIterator
+from .._engine.stats import PipelineStats
 
 __all__ = ["PipelineIterator", "Tagged", "WORKER_END"]
 
