@@ -108,15 +108,18 @@ class Comparison:
         numerator, denominator: `Config.key`s ("workload/name").
         target: the least ratio that counts as met for samples/s, the largest for memory (None:
             reported only).
-        measure: what is divided: "rate" (samples/s), "pss" (the first pass's peak PSS MB) or
-            "added" (the PSS the first pass added to the process tree).
+        measure: what is divided: "rate" (samples/s), "pss" (the first pass's peak PSS MB),
+            "added" (the PSS the first pass added to the process tree) or "base" (the tree's PSS
+            just before the first pass: interpreter, torch, the library's import).
+        over: the denominator's measure when it is not `measure` (a floor: "base" over "pss").
     """
 
     label: str
     numerator: str
     denominator: str
     target: Optional[float] = None
-    measure: str = "rate"  # or "pss" (the first pass's peak PSS) or "added" (what it added): lower is better
+    measure: str = "rate"  # or "pss", "added" or "base": memory, lower is better
+    over: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -211,10 +214,11 @@ class Result:
         return max(0.0, first.peak_pss_mb - first.base_pss_mb)
 
     def value(self, measure: str) -> float:
-        """The figure a `Comparison` divides: "rate" (samples/s), "pss" (the first pass's peak PSS)
-        or "added" (`added_pss_mb`); 0.0 when there is none."""
+        """The figure a `Comparison` divides: "rate" (samples/s), "pss" (the first pass's peak PSS),
+        "added" (`added_pss_mb`) or "base" (the PSS before the first pass); 0.0 when there is none."""
         first = self.first
-        figures = {"rate": self.rate, "pss": first.peak_pss_mb if first else 0.0, "added": self.added_pss_mb}
+        figures = {"rate": self.rate, "pss": first.peak_pss_mb if first else 0.0, "added": self.added_pss_mb,
+                   "base": first.base_pss_mb if first else 0.0}
         return figures[measure] or 0.0
 
     def to_json(self) -> dict:

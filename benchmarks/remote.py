@@ -98,6 +98,8 @@ def comparisons() -> list[Comparison]:
                    "http-first/webdataset-dl8", target=0.6, measure="pss"),
         Comparison("HTTP first pass, PSS added by the pass: shardstream / webdataset-dl8", "http-first/shardstream",
                    "http-first/webdataset-dl8", measure="added"),
+        Comparison("HTTP first pass, PSS before it (no loader yet) / webdataset-dl8's peak", "http-first/shardstream",
+                   "http-first/webdataset-dl8", measure="base", over="pss"),
         *(Comparison(f"HTTP split_by_node, rank 0 of 2: shardstream / webdataset-dl{n}", "http-split/shardstream",
                      f"http-split/webdataset-dl{n}") for n in WEBDATASET_WORKERS),
         Comparison("S3 raw / HTTP raw", "s3/shardstream-raw", "http-raw/shardstream"),

@@ -91,11 +91,11 @@ def format_comparisons(results: list[Result], comparisons: list[Comparison]) -> 
         top, bottom = found.get(comparison.numerator), found.get(comparison.denominator)
         if top is None or bottom is None:
             continue  # a configuration not selected in this run
-        measure = comparison.measure
-        if top.error or bottom.error or not top.value(measure) or not bottom.value(measure):
+        measure, over = comparison.measure, comparison.over or comparison.measure
+        if top.error or bottom.error or not top.value(measure) or not bottom.value(over):
             value, verdict = "n/a", "(a configuration failed)"
         else:
-            rel = top.value(measure) / bottom.value(measure)
+            rel = top.value(measure) / bottom.value(over)
             value = f"{rel:.2f}x"
             if comparison.target is None:
                 verdict = ""
