@@ -15,6 +15,8 @@ Disk layout of a `DiskTier` (one directory, so every rename is atomic):
     .<name>.<host>.<pid>.<random>.sums.tmp    its progress log: the digests of the blocks written so far,
                                               which other processes follow (`_cache.share`)
     .locks/<digest>-<basename>, .locks/.evict flock files (never deleted: see `claim`)
+    .locks/usage                              the committed bytes, so a commit need not list the directory
+                                              (`_cache.usage`)
 
 Why this module is over 400 lines: DiskTier is one class whose parts (lookup, writers, claims,
 eviction, cleanup of dead writers' files) share one directory's invariants and one lock; names,
@@ -36,6 +38,7 @@ from filelock import FileLock, Timeout
 
 from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
 from .share import DiskWriter, open_progress_log
+from .usage import Usage, read_usage, write_usage
 from .memory import CHUNK_SIZE, TierCounters
 from .naming import _HOST, _TEMP, _file_lock, _pid_alive, _unlink, _url_digest, cache_file_name
 
@@ -98,6 +101,7 @@ class DiskTier:
         self.poll_interval = poll_interval
         self.counters = TierCounters(name)
         self._lock_dir = os.path.join(self.cache_dir, ".locks")
+        self._usage_path = os.path.join(self._lock_dir, "usage")  # (`_cache.usage`)
         os.makedirs(self._lock_dir, exist_ok=True)
         self._pid = -1
         self._local()
@@ -323,7 +327,7 @@ class DiskTier:
             with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
                 timeout=self.lock_timeout, poll_interval=self.poll_interval
             ):
-                self._scan(reserve=size, replacing=path)
+                self._account(size, path)
                 with open(meta_temp, "w") as f:
                     write_record(f, size, _url_digest(url), digest.block_size, digest.finish())
                 # Sidecar first: a crash in between leaves an orphan sidecar, never a shard without
@@ -352,8 +356,25 @@ class DiskTier:
         except (OSError, Timeout) as exn:
             logger.warning("cache cleanup of %s failed: %s", self.cache_dir, exn)
 
+    def _account(self, size: int, path: str) -> None:
+        """Count a commit of `size` bytes to `path` in the usage ledger (caller holds the evict
+        lock): one read and one rename, unless the ledger asks for a listing (`_cache.usage`)."""
+        usage = read_usage(self._usage_path)
+        if usage is not None and not usage.stale():
+            try:
+                replaced = os.stat(path).st_size  # a shard committed again (after corruption, say)
+            except OSError:
+                replaced = 0
+            total = usage.total + size - replaced
+            if self.max_bytes is None or total <= self.max_bytes:
+                write_usage(self._usage_path, usage._replace(total=total))
+                return
+        self._scan(reserve=size, replacing=path)
+
     def _scan(self, reserve: int = 0, replacing: Optional[str] = None) -> None:
-        """One pass over the directory (caller holds the evict lock): clean up, then evict LRU."""
+        """One pass over the directory (caller holds the evict lock): clean up, evict LRU, and
+        write what it counted (with `reserve` bytes about to be committed) to the usage ledger."""
+        listed_at = time.time()
         files: List[Tuple[int, str, int]] = []  # (mtime_ns, path, size) of committed shards
         sidecars = []
         with os.scandir(self.cache_dir) as entries:
@@ -378,9 +399,10 @@ class DiskTier:
         for entry in sidecars:
             if entry.name[1:-5] not in names:
                 _unlink(entry.path)
-        if self.max_bytes is None:
-            return
         total = reserve + sum(size for _, _, size in files)
+        if self.max_bytes is None:
+            write_usage(self._usage_path, Usage(total, listed_at))
+            return
         files.sort()
         with self._local():
             busy = set(self._readers)
@@ -395,6 +417,7 @@ class DiskTier:
                     total -= size
                     evicted += 1
         self.counters.add(evictions=evicted)
+        write_usage(self._usage_path, Usage(total, listed_at))
 
     def _remove(self, path: str) -> None:
         _unlink(path)

@@ -1,0 +1,99 @@
+"""The disk tier's usage ledger (`_cache/usage.py`): commits count bytes without listing the
+directory, and the bound is still kept across processes and against changes behind the cache's back."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardstream._cache import usage
+from shardstream._cache.disk import DiskTier
+from shardstream._cache.usage import Usage, read_usage, write_usage
+
+
+def put(tier, url, data):
+    writer = tier.writer(url)
+    assert writer is not None
+    writer.write(data)
+    assert writer.commit()
+
+
+@pytest.fixture
+def listings(monkeypatch):
+    """The number of directory listings (`DiskTier._scan`) made since the fixture was set up."""
+    calls = []
+    real = DiskTier._scan
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.cache_dir)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DiskTier, "_scan", counted)
+    return calls
+
+
+def ledger(tier) -> Usage:
+    found = read_usage(os.path.join(tier.cache_dir, ".locks", "usage"))
+    assert found is not None
+    return found
+
+
+def test_commits_below_the_bound_do_not_list_the_directory(tmp_path, listings):
+    for bound in (None, 10_000):
+        tier = DiskTier(str(tmp_path / str(bound)), bound)
+        assert len(listings) == 1  # opening the tier cleans up: one listing
+        for i in range(20):
+            put(tier, f"http://h/{i}.tar", b"x" * 100)
+        assert len(listings) == 1
+        assert ledger(tier).total == 2_000 == tier.committed_bytes()
+        listings.clear()
+
+
+def test_the_bound_holds_across_processes_sharing_the_ledger(tmp_path, listings):
+    first, second = DiskTier(str(tmp_path), 300), DiskTier(str(tmp_path), 300)  # two ranks of a node
+    put(first, "http://h/a.tar", b"a" * 100)
+    put(second, "http://h/b.tar", b"b" * 100)
+    put(first, "http://h/c.tar", b"c" * 100)
+    listings.clear()
+    put(second, "http://h/d.tar", b"d" * 100)  # past the bound: a listing evicts the oldest
+    assert len(listings) == 1
+    assert [u for u in "abcd" if second.lookup(f"http://h/{u}.tar")] == ["b", "c", "d"]
+    assert ledger(first).total == 300 == first.committed_bytes()
+
+
+def test_a_recommitted_shard_counts_once(tmp_path):
+    tier = DiskTier(str(tmp_path), None)
+    put(tier, "http://h/a.tar", b"a" * 100)
+    put(tier, "http://h/a.tar", b"A" * 120)  # replaces the file: 120 bytes, not 220
+    assert ledger(tier).total == 120 == tier.committed_bytes()
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbled", "stale"])
+def test_a_ledger_it_cannot_trust_makes_a_listing(tmp_path, listings, damage):
+    tier = DiskTier(str(tmp_path), 10_000)
+    put(tier, "http://h/a.tar", b"a" * 100)
+    os.remove(tier.path_for("http://h/a.tar"))  # behind the cache's back: the ledger over-counts
+    path = os.path.join(tier.cache_dir, ".locks", "usage")
+    if damage == "missing":
+        os.remove(path)
+    elif damage == "garbled":
+        with open(path, "wb") as stream:
+            stream.write(b"\x00not a number")
+    else:
+        write_usage(path, ledger(tier)._replace(listed_at=ledger(tier).listed_at - usage.RESCAN_S - 1))
+    listings.clear()
+    put(tier, "http://h/b.tar", b"b" * 100)
+    assert len(listings) == 1
+    assert ledger(tier).total == 100 == tier.committed_bytes()
+
+
+def test_an_over_count_never_lets_the_directory_outgrow_its_bound(tmp_path):
+    tier = DiskTier(str(tmp_path), 250)
+    put(tier, "http://h/a.tar", b"a" * 100)
+    put(tier, "http://h/b.tar", b"b" * 100)
+    path = os.path.join(tier.cache_dir, ".locks", "usage")
+    write_usage(path, ledger(tier)._replace(total=240))  # over-counted (a file evicted as corrupt, say)
+    put(tier, "http://h/c.tar", b"c" * 100)  # 340 by the ledger: the listing finds 300, evicts a
+    assert [u for u in "abc" if tier.lookup(f"http://h/{u}.tar")] == ["b", "c"]
+    assert ledger(tier).total == 200 == tier.committed_bytes()
