@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 import warnings
 
@@ -237,3 +238,40 @@ def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
     finally:
         holder.kill()
         holder.join(10)
+
+
+def test_the_reader_goes_on_while_a_shard_is_committed(server, files, tmp_path, monkeypatch):
+    """A commit (the last block's write, the sidecar, the rename) runs on the writer thread: with
+    shard 0's commit held up, the reader already hands out shard 1's samples; the pass ends with
+    every shard committed, and the claim is let go only after the file is in place."""
+    from shardstream._cache.disk import DiskTier
+
+    urls = [server.url(n) for n in NAMES]
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir)
+    held, committing = threading.Event(), threading.Event()
+    seen_while_held, claim_free_while_held = [], []
+    real_commit = DiskTier._commit
+
+    def slow_commit(self, url, *args):
+        if url == urls[0]:
+            committing.set()
+            held.wait(10)  # until the reader reaches shard 2 (10 s where the reader waits for us)
+            claim_free_while_held.append(not self.writing_here(url))
+            committing.clear()
+        return real_commit(self, url, *args)
+
+    monkeypatch.setattr(DiskTier, "_commit", slow_commit)
+    samples = []
+    for sample in wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir):
+        samples.append(sample)
+        shard = int(sample["__url__"].rsplit("-", 1)[1].split(".")[0])
+        if committing.is_set() and shard >= 1:
+            seen_while_held.append(shard)
+            if shard == 2:
+                held.set()
+    assert 1 in seen_while_held and 2 in seen_while_held  # read on while shard 0 was being committed
+    assert claim_free_while_held == [False]  # the claim is held until the file is in place
+    assert payload_digests(samples) == [tuple(d) for d in _expected(files)]
+    committed = sorted(n for n in os.listdir(cache_dir) if not n.startswith("."))
+    assert committed == sorted(cache_file_name(u) for u in urls) and _leftovers(cache_dir) == []

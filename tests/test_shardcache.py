@@ -404,3 +404,44 @@ def test_processes_keep_a_tight_byte_bound(tmp_path):
     assert monitor.max_committed <= bound
     assert sum(r["stats"]["disk"]["evictions"] for r in results) > 0
     assert DiskTier(cache_dir, bound).committed_bytes() <= bound and temps(cache_dir) == []
+
+
+def test_a_write_that_failed_before_the_commit_lets_the_claim_go(tmp_path):
+    """The writer thread stopped on a failed write after the last chunk was handed over, before
+    the stream asked for its commit (`commit_soon`): the commit is settled at once, the claim
+    released, nothing waits."""
+    url, data = shard_url(2), shard_bytes(shard_url(2))
+    disk = DiskTier(str(tmp_path), None, chunk_size=4096)  # small blocks: the thread writes each chunk
+    make_writer, made = disk.writer, []
+    full = os.open("/dev/full", os.O_WRONLY)
+
+    def recording_writer(u, size_hint=None, **kw):
+        made.append(make_writer(u, size_hint, **kw))
+        return made[-1]
+
+    def origin(u):
+        pieces = [data[i : i + 4096] for i in range(0, len(data), 4096)]
+        for n, piece in enumerate(pieces):
+            if n == len(pieces) - 1:
+                made[0].thread.fd = full  # only the last write fails
+            yield piece
+
+    disk.writer = recording_writer
+    cache = ShardCache([disk])
+    try:
+        stream = cache.stream(url, origin, settled=False)
+        got = []
+        for piece in stream:
+            got.append(piece)
+            if len(got) == -(-len(data) // 4096):  # the last chunk is out: let its write fail
+                deadline = time.monotonic() + 10
+                while made[0].thread.alive and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert not made[0].thread.alive
+        start = time.monotonic()
+        cache.settle()
+        assert time.monotonic() - start < 5
+    finally:
+        os.close(full)
+    assert b"".join(got) == data and not disk.writing_here(url)
+    assert disk.counters.snapshot()["errors"] == 1 and temps(tmp_path) == []

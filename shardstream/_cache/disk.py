@@ -36,8 +36,9 @@ from typing import Dict, List, Optional, Tuple
 
 from filelock import FileLock, Timeout
 
+from .._base.errors import redact_url
 from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
-from .share import DiskWriter, open_progress_log
+from .share import WRITE_STALL, DiskWriter, PendingCommits, open_progress_log
 from .usage import Usage, read_usage, write_usage
 from .memory import CHUNK_SIZE, TierCounters
 from .naming import _HOST, _TEMP, _file_lock, _pid_alive, _unlink, _url_digest, cache_file_name
@@ -115,8 +116,15 @@ class DiskTier:
             self._mutex = threading.Lock()
             self._commit_mutex = threading.Lock()
             self._writing: set = set()
+            self._pending = PendingCommits()
             self._readers: Dict[str, int] = {}
         return self._mutex
+
+    @property
+    def pending(self) -> PendingCommits:
+        """This process's commits in progress on writer threads (`DiskWriter.commit_soon`)."""
+        self._local()
+        return self._pending
 
     def path_for(self, url: str) -> str:
         """Where `url` is (or would be) committed."""
@@ -135,6 +143,8 @@ class DiskTier:
         or whose size differs from the record is never served; with `repair` (the caller holds
         `claim(url)`) it is also deleted.
         """
+        if not self.pending.wait(url):  # a commit of ours in progress: its file, not the origin
+            logger.warning("the cache's commit of %s is still not done after %g s", redact_url(url), WRITE_STALL)
         path = self.path_for(url)
         try:
             f = open(path, "rb")
@@ -214,6 +224,12 @@ class DiskTier:
             logger.warning("gave up waiting for another process to cache %s; streaming it uncached", name)
             return None
         return _Claim(self, url, lock)
+
+    def settle(self, url: Optional[str] = None, timeout: float = WRITE_STALL) -> bool:
+        """Wait for this process's commits in progress (`DiskWriter.commit_soon`) of `url`, or of
+        every URL: each shard read whole is then in the directory. False when one is still going
+        after `timeout` seconds."""
+        return self.pending.wait(url, timeout)
 
     def writing_here(self, url: str) -> bool:
         """Whether this process holds `url`'s claim (a second stream of ours bypasses the tier)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 
 from .._base.counters import Counters
@@ -68,6 +68,13 @@ class _MemoryWriter:
     def commit(self) -> bool:
         live, self.live = self.live, False
         return live and self.tier.put(self.url, self.chunks)
+
+    def commit_soon(self, then: Callable[[], None]) -> None:
+        """`commit` (in memory: at once), then `then`: the writers' common interface."""
+        try:
+            self.commit()
+        finally:
+            then()
 
     def abort(self) -> None:
         if self.live:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from .._base.errors import UsageError, redact_url
 from .check import CorruptCacheFile, Resume, VerifiedFile
-from .claims import ClaimsAhead
+from .claims import ClaimsAhead, release_claims
 from .share import follow
 from .memory import MemoryTier, TierCounters
 from .disk import DiskTier
@@ -37,6 +38,21 @@ _MISS = object()  # no tier holds the shard
 _REREADS = 3  # copies tried in one stream before a corrupt one is an error (a failing disk)
 
 OpenOrigin = Callable[[str], Iterable[bytes]]
+
+
+class _AfterAll:
+    """Call `then` once this object has been called `count` times (from any threads)."""
+
+    def __init__(self, count: int, then: Callable[[], None]) -> None:
+        self._left, self._then = count, then
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._then()
 
 
 def _close(obj) -> None:
@@ -60,7 +76,7 @@ class ShardCache(ClaimsAhead):
         self.origin = TierCounters("origin", ORIGIN_FIELDS)
         self._init_claims()
 
-    def stream(self, url: str, open_origin: OpenOrigin) -> Iterator[bytes]:
+    def stream(self, url: str, open_origin: OpenOrigin, *, settled: bool = True) -> Iterator[bytes]:
         """Yield the bytes of `url` in chunks, from the first tier that has it, else the origin.
 
         Disk-tier bytes are checked block by block before they are yielded. A cached file that
@@ -70,6 +86,12 @@ class ShardCache(ClaimsAhead):
         Raises whatever `open_origin` or its iterator raises (after discarding partial writes);
         `CorruptCacheFile` (naming the cache file) when a corrupt cached copy cannot be replaced.
         Close the iterator to stop early; nothing partial is ever committed.
+
+        The tiers' writes and commits run on their writer threads. With `settled` (the default)
+        the stream ends once the shard is committed; without, it ends as soon as the last byte is
+        handed on, and the commit finishes behind it (`lookup` of the URL and `settle()` wait for
+        it): a reader of many shards goes on to the next one meanwhile and calls `settle()` at
+        the end of its pass.
         """
         above: List = []
         outcome = _MISS
@@ -83,6 +105,8 @@ class ShardCache(ClaimsAhead):
             outcome = yield from self._fetch(url, open_origin)
         if outcome is not None:
             yield from self._repair(url, open_origin, outcome)  # type: ignore[arg-type]
+        if settled:
+            self._settle(url)
 
     def open_mapped(
         self, url: str, accept: Optional[Callable[[int], bool]] = None, start: int = 0,
@@ -113,7 +137,9 @@ class ShardCache(ClaimsAhead):
                 return None
         return None
 
-    def reread(self, url: str, open_origin: OpenOrigin, failure: CorruptCacheFile) -> Iterator[bytes]:
+    def reread(
+        self, url: str, open_origin: OpenOrigin, failure: CorruptCacheFile, *, settled: bool = True,
+    ) -> Iterator[bytes]:
         """After `failure` stopped a mapped hit (`open_mapped`): the whole shard again, from byte 0,
         from a fresh copy (the corrupt file is evicted and fetched again, once per node). The bytes
         before the bad block (those the hit had checked, and those a hit opened at a `start`
@@ -121,6 +147,8 @@ class ShardCache(ClaimsAhead):
         the shard is the one that was parsed so far, or this raises."""
         failure.source.tier.counters.add(corrupt=1)  # type: ignore[union-attr]
         yield from self._repair(url, open_origin, failure, keep=True)
+        if settled:
+            self._settle(url)
 
     def _repair(self, url: str, open_origin: OpenOrigin, outcome: CorruptCacheFile, keep: bool = False):
         """Evict the corrupt copy `outcome` names and stream the shard on from a fresh one."""
@@ -228,7 +256,7 @@ class ShardCache(ClaimsAhead):
                     if writer is not None:
                         writers.append(writer)
             try:
-                yield from self._pump(chunks, self.origin, writers, resume)
+                yield from self._pump(chunks, self.origin, writers, resume, claims)
             except CorruptCacheFile:
                 raise
             except Exception as exn:
@@ -239,7 +267,7 @@ class ShardCache(ClaimsAhead):
             if failure is not None:
                 failure.source.release()  # type: ignore[union-attr]
             if claims:
-                self._release(claims)  # after _pump committed: waiters then find the file
+                self._release(claims)  # (what _pump did not hand to the commits)
 
     def _evict(self, url: str, failure: CorruptCacheFile, claimed: bool) -> None:
         """Evict the corrupt file `failure` names if we may (we hold its URL's claim), and say so."""
@@ -273,9 +301,14 @@ class ShardCache(ClaimsAhead):
         return None
 
     @staticmethod
-    def _pump(chunks: Iterable[bytes], counters: TierCounters, writers: List, resume: Optional[Resume] = None):
+    def _pump(chunks: Iterable[bytes], counters: TierCounters, writers: List, resume: Optional[Resume] = None,
+              claims: Optional[Dict[str, object]] = None):
         """Hand each chunk to every writer and to the consumer (after `resume` dropped what was
-        delivered before); commit only a complete stream."""
+        delivered before); commit only a complete stream.
+
+        The commits run on the writers' threads (`commit_soon`): the consumer goes on to its next
+        shard without waiting for the last block's write and the rename. `claims` (emptied here)
+        are released once every writer has committed, so that nobody they let in finds no file."""
         complete = False
         iterator = iter(chunks)
         try:
@@ -297,14 +330,29 @@ class ShardCache(ClaimsAhead):
             counters.add(errors=1)
             raise
         finally:
-            for writer in writers:
-                if complete:
-                    writer.commit()
-                else:
+            if complete and writers:
+                handed = dict(claims or {})
+                if claims:
+                    claims.clear()
+                after = _AfterAll(len(writers), lambda: release_claims(handed))
+                for writer in writers:
+                    writer.commit_soon(after)
+            else:
+                for writer in writers:
                     writer.abort()
             if iterator is not chunks:
                 _close(iterator)
             _close(chunks)
+
+    def settle(self) -> None:
+        """Wait for this process's commits in progress (streams opened with `settled=False`):
+        every shard read whole so far is then in the disk tiers."""
+        self._settle(None)
+
+    def _settle(self, url: Optional[str]) -> None:
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier) and not tier.settle(url):
+                logger.warning("the cache's commits into %s are still not done: going on without them", tier.cache_dir)
 
     def local_path(self, url: str) -> Optional[str]:
         """The path of a committed copy of `url` in a disk tier (with a record of its size and

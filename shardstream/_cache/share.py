@@ -8,6 +8,10 @@ bytes are written. Other processes that want the shard meanwhile `follow` the wr
 only blocks whose digest is in the log, and check each before they hand it out, so they never see
 a byte the writer has not written and checked, and they need not wait for the whole shard.
 
+The writer thread also commits (`DiskWriter.commit_soon`: the last block, the digest record, the
+rename) and only then lets the claim go, while the reader moves on to its next shard; this
+process's `lookup` of the URL, and the tier's `settle`, wait for such a commit.
+
 A follower goes on from the committed file once the writer renamed it into place. When the writer
 is gone without committing (its claim is free again: it failed, or was killed), the follower takes
 the claim and fetches the shard itself; when the writer makes no progress for `stall_timeout`
@@ -31,7 +35,7 @@ from .check import BlockDigest, block_digest
 from .naming import _unlink, cache_file_name
 from .._base.errors import FetchError
 
-__all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "follow", "open_progress_log", "progress_log_path"]
+__all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "PendingCommits", "follow", "open_progress_log", "progress_log_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +100,8 @@ class BlockWriter:
         self._queued = 0
         self._cond = threading.Condition()
         self._closing = self._cancelled = False
+        self._then: Optional[Callable[[Optional[BlockDigest]], None]] = None
+        self._exited = False
         self._thread = threading.Thread(target=self._run, name="shardstream-cache-writer", daemon=True)
         self._thread.start()
 
@@ -122,6 +128,16 @@ class BlockWriter:
         os.write(self.log_fd, _DIGEST.pack(digest))
 
     def _run(self) -> None:
+        try:
+            self._write_queued()
+        finally:
+            with self._cond:
+                self._exited = True
+                then = self._then
+            if then is not None:
+                then(None if self.error is not None else self.digest)
+
+    def _write_queued(self) -> None:
         cond = self._cond
         while True:
             with cond:
@@ -156,6 +172,17 @@ class BlockWriter:
             self.error = TimeoutError(f"the cache disk took no data for {WRITE_STALL:g} s")
         return None if self.error is not None else self.digest
 
+    def finish_soon(self, then: Callable[[Optional[BlockDigest]], None]) -> None:
+        """`finish` without waiting: the thread writes what is queued, then calls `then` with the
+        digest (None when a write failed) as its last act. The reader goes on meanwhile."""
+        with self._cond:
+            if not self._exited:
+                self._then = then
+                self._closing = True
+                self._cond.notify_all()
+                return
+        then(None if self.error is not None else self.digest)  # it stopped already (a failed write)
+
     @property
     def alive(self) -> bool:
         """Whether the thread still runs (only after a write hung in the kernel past WRITE_STALL)."""
@@ -168,6 +195,40 @@ class BlockWriter:
             self._queued = 0
             self._cond.notify_all()
         self._thread.join(WRITE_STALL)  # (a write hung in the kernel: the daemon thread is left to it)
+
+
+class PendingCommits:
+    """The commits this process's writer threads have yet to finish, by URL (`commit_soon`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict = {}  # url -> [Event, ...]
+
+    def add(self, url: str) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._events.setdefault(url, []).append(event)
+        return event
+
+    def done(self, url: str, event: threading.Event) -> None:
+        with self._lock:
+            events = self._events.get(url, [])
+            if event in events:
+                events.remove(event)
+            if not events:
+                self._events.pop(url, None)
+        event.set()
+
+    def wait(self, url: Optional[str] = None, timeout: float = WRITE_STALL) -> bool:
+        """Wait until the commits of `url` (of every URL when None) are done: False when one is
+        still going after `timeout` seconds (a cache disk that hangs)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if url is None:
+                events = [event for pending in self._events.values() for event in pending]
+            else:
+                events = list(self._events.get(url, ()))
+        return all(event.wait(max(0.0, deadline - time.monotonic())) for event in events)
 
 
 class DiskWriter:
@@ -210,10 +271,35 @@ class DiskWriter:
         return error
 
     def commit(self) -> bool:
+        """Wait for the writes, then rename the file into place; True when it was committed."""
         if not self.live:
             return False
         self.live = False
-        digest = self.thread.finish()
+        return self._commit(self.thread.finish())
+
+    def commit_soon(self, then: Callable[[], None]) -> None:
+        """`commit` off the caller's thread: the writer thread commits once the queued bytes are
+        written, then calls `then` (the caller hands its claims over that way, so that nobody is
+        let in before the file is in place). The tier's `lookup` of the URL, and `settle`, wait
+        for it meanwhile; a reader goes on to the next shard."""
+        if not self.live:
+            then()
+            return
+        self.live = False
+        done = self.tier.pending.add(self.url)
+
+        def committed(digest: Optional[BlockDigest]) -> None:
+            try:
+                self._commit(digest)
+            finally:
+                try:
+                    then()
+                finally:
+                    self.tier.pending.done(self.url, done)
+
+        self.thread.finish_soon(committed)
+
+    def _commit(self, digest: Optional[BlockDigest]) -> bool:
         error = self._close() or self.thread.error
         if digest is None or error is not None:
             logger.warning("cache write failed, not caching %s: %s", self.temp, error)

@@ -67,7 +67,7 @@ def hit_member_batches(
         hit.close()  # (after a failure the file stays open until the re-read has used it)
     # The re-read starts at byte 0 (the fresh copy is written to the cache whole, and the blocks
     # before the bad one are compared with the record there); offsets are those of the map.
-    chunks = cache.reread(url, open_origin, failure)
+    chunks = cache.reread(url, open_origin, failure, settled=False)
     for members in chunk_member_batches(chunks, url, stats, 0, info):
         if members and members[0].offset < after:
             members = [member for member in members if member.offset >= after]

@@ -203,7 +203,7 @@ class TarShardSamples(PipelineStage):
                 raise UsageError("a custom opener cannot start mid-shard", url=url)
             return self.opener(url)
         if self.cache is not None and not start and local_path_of(url) is None:
-            return self.cache.stream(url, lambda u: ready if ready is not None else self._origin(u))
+            return self.cache.stream(url, lambda u: ready if ready is not None else self._origin(u), settled=False)
         return ready if ready is not None else self._origin(url, start)
 
     def _origin(self, url: str, start: int = 0) -> Iterable[bytes]:
@@ -382,6 +382,8 @@ class TarShardSamples(PipelineStage):
         finally:
             for _index, item, ready in ahead:
                 self._drop_ahead(source_url(item, False)[0], ready)
+            if self.cache is not None:
+                self.cache.settle()  # the last shards' commits: in the cache once the pass is over
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         return self.run(src)
