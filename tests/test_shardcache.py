@@ -445,3 +445,16 @@ def test_a_write_that_failed_before_the_commit_lets_the_claim_go(tmp_path):
         os.close(full)
     assert b"".join(got) == data and not disk.writing_here(url)
     assert disk.counters.snapshot()["errors"] == 1 and temps(tmp_path) == []
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_commits_close_their_files(tmp_path, settled):
+    """A commit on the writer thread closes the temp file and progress log like one on the
+    reader's: no descriptor is left open per shard."""
+    cache = ShardCache([DiskTier(str(tmp_path), None)])
+    before = sorted(os.listdir("/proc/self/fd"))
+    for i in range(5):
+        url = shard_url(i)
+        assert b"".join(cache.stream(url, Origin(), settled=settled)) == shard_bytes(url)
+    cache.settle()
+    assert sorted(os.listdir("/proc/self/fd")) == before and temps(tmp_path) == []

@@ -185,8 +185,9 @@ class BlockWriter:
 
     @property
     def alive(self) -> bool:
-        """Whether the thread still runs (only after a write hung in the kernel past WRITE_STALL)."""
-        return self._thread.is_alive()
+        """Whether the thread still runs (only after a write hung in the kernel past WRITE_STALL),
+        as seen from another thread: the thread itself, committing, has done its writes."""
+        return self._thread.is_alive() and threading.current_thread() is not self._thread
 
     def cancel(self) -> None:
         with self._cond:
