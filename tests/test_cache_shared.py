@@ -275,3 +275,25 @@ def test_the_reader_goes_on_while_a_shard_is_committed(server, files, tmp_path, 
     assert payload_digests(samples) == [tuple(d) for d in _expected(files)]
     committed = sorted(n for n in os.listdir(cache_dir) if not n.startswith("."))
     assert committed == sorted(cache_file_name(u) for u in urls) and _leftovers(cache_dir) == []
+
+
+def test_pass_stats_count_the_commits_of_a_pass_cut_short(server, files, tmp_path, monkeypatch):
+    """`with_epoch` ends a pass mid-shard: the stats of that pass are taken after the cache's
+    commits of the shards read whole, not while they are still on the writer thread."""
+    from shardstream._cache.disk import DiskTier
+
+    real_commit = DiskTier._commit
+
+    def slow_commit(self, *args):
+        time.sleep(0.3)
+        return real_commit(self, *args)
+
+    monkeypatch.setattr(DiskTier, "_commit", slow_commit)
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir)
+    ds = wds.WebDataset([server.url(n) for n in NAMES], shardshuffle=False, cache_dir=cache_dir).with_epoch(
+        SAMPLES + SAMPLES // 2)  # shard 0 whole, half of shard 1
+    assert sum(1 for _ in ds) == SAMPLES + SAMPLES // 2
+    written = ds.stats().cache["disk"]["bytes_written"]  # (the reader may have run ahead into shard 2)
+    committed = [n for n in NAMES if os.path.exists(os.path.join(cache_dir, cache_file_name(server.url(n))))]
+    assert NAMES[0] in committed and written == sum(len(files[1][n]) for n in committed)

@@ -97,3 +97,28 @@ def test_an_over_count_never_lets_the_directory_outgrow_its_bound(tmp_path):
     put(tier, "http://h/c.tar", b"c" * 100)  # 340 by the ledger: the listing finds 300, evicts a
     assert [u for u in "abc" if tier.lookup(f"http://h/{u}.tar")] == ["b", "c"]
     assert ledger(tier).total == 200 == tier.committed_bytes()
+
+
+def test_a_full_cache_evicts_without_listing_each_commit(tmp_path, listings):
+    """At its bound (a cache smaller than the data set) a commit evicts the oldest files the last
+    listing saw: one listing serves many commits, and the order is still exact LRU."""
+    tier = DiskTier(str(tmp_path), 1_000)
+    for i in range(10):
+        put(tier, f"http://h/{i}.tar", b"x" * 100)
+    listings.clear()
+    put(tier, "http://h/10.tar", b"x" * 100)  # the first commit past the bound lists the directory
+    assert len(listings) == 1
+    assert read_kept(tier, 11) == list(range(1, 11))
+    hit = tier.lookup("http://h/5.tar")  # a hit touches 5: it is now the newest
+    assert hit is not None
+    hit.close()
+    os.utime(tier.path_for("http://h/5.tar"), ns=(2**62, 2**62))  # (later than any clock tick here)
+    for i in range(11, 17):
+        put(tier, f"http://h/{i}.tar", b"x" * 100)
+    assert len(listings) == 1  # six more commits, each evicting the oldest, without a listing
+    assert read_kept(tier, 17) == [5, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    assert ledger(tier).total == 1_000 == tier.committed_bytes()
+
+
+def read_kept(tier, count):
+    return [i for i in range(count) if os.path.exists(tier.path_for(f"http://h/{i}.tar"))]

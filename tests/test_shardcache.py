@@ -458,3 +458,60 @@ def test_commits_close_their_files(tmp_path, settled):
         assert b"".join(cache.stream(url, Origin(), settled=settled)) == shard_bytes(url)
     cache.settle()
     assert sorted(os.listdir("/proc/self/fd")) == before and temps(tmp_path) == []
+
+
+def test_a_lookup_waits_for_a_commit_in_progress(tmp_path, monkeypatch):
+    """A second stream of a shard whose commit is still on the writer thread reads the committed
+    file: one origin fetch, one hit."""
+    url, data = shard_url(1), shard_bytes(shard_url(1))
+    real_commit, entered = DiskTier._commit, threading.Event()
+
+    def slow_commit(self, *args):
+        entered.set()
+        time.sleep(0.5)
+        return real_commit(self, *args)
+
+    monkeypatch.setattr(DiskTier, "_commit", slow_commit)
+    origin, disk = Origin(), DiskTier(str(tmp_path), None)
+    cache = ShardCache([disk])
+    assert b"".join(cache.stream(url, origin, settled=False)) == data
+    assert entered.wait(5) and not os.path.exists(disk.path_for(url))  # still committing
+    assert b"".join(cache.stream(url, origin)) == data
+    assert len(origin.fetches) == 1 and disk.counters.snapshot()["hits"] == 1
+
+
+def test_a_hung_commit_is_given_up_once(tmp_path, monkeypatch):
+    """A commit that does not end (a hung cache disk) is given up after the wait's timeout: its
+    claim is released and later lookups do not wait for it."""
+    from shardstream._cache import share
+
+    url, data = shard_url(1), shard_bytes(shard_url(1))
+    real_commit, release = DiskTier._commit, threading.Event()
+
+    def hung_commit(self, *args):
+        release.wait(30)
+        return real_commit(self, *args)
+
+    monkeypatch.setattr(DiskTier, "_commit", hung_commit)
+    monkeypatch.setattr(share.PendingCommits.wait, "__defaults__", (None, 0.5))  # WRITE_STALL: 60 s
+    disk = DiskTier(str(tmp_path), None)
+    cache = ShardCache([disk])
+    try:
+        assert b"".join(cache.stream(url, Origin(), settled=False)) == data
+        assert disk.writing_here(url)  # the commit holds the claim
+        start = time.monotonic()
+        assert disk.lookup(url) is None  # waited 0.5 s, gave the commit up
+        assert 0.4 < time.monotonic() - start < 5
+        assert not disk.writing_here(url) and disk.claim_free(url)
+        start = time.monotonic()
+        assert disk.lookup(url) is None and cache.settle() is None
+        assert time.monotonic() - start < 0.3  # given up once: nobody waits for it again
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while temps(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # The disk came back inside the commit: the file is whole and checked, so it is committed.
+    hit = disk.lookup(url)
+    assert temps(tmp_path) == [] and hit is not None and b"".join(hit) == data
+    hit.close()

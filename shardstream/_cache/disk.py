@@ -25,6 +25,7 @@ liveness and locks are in `naming.py`, the writer thread and followers in `share
 
 from __future__ import annotations
 
+import collections
 import glob
 import logging
 import os
@@ -32,11 +33,10 @@ import secrets
 import stat
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from filelock import FileLock, Timeout
 
-from .._base.errors import redact_url
 from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
 from .share import WRITE_STALL, DiskWriter, PendingCommits, open_progress_log
 from .usage import Usage, read_usage, write_usage
@@ -103,6 +103,7 @@ class DiskTier:
         self.counters = TierCounters(name)
         self._lock_dir = os.path.join(self.cache_dir, ".locks")
         self._usage_path = os.path.join(self._lock_dir, "usage")  # (`_cache.usage`)
+        self._oldest: Deque[Tuple[int, str, int]] = collections.deque()  # files by age at the last listing
         os.makedirs(self._lock_dir, exist_ok=True)
         self._pid = -1
         self._local()
@@ -143,8 +144,7 @@ class DiskTier:
         or whose size differs from the record is never served; with `repair` (the caller holds
         `claim(url)`) it is also deleted.
         """
-        if not self.pending.wait(url):  # a commit of ours in progress: its file, not the origin
-            logger.warning("the cache's commit of %s is still not done after %g s", redact_url(url), WRITE_STALL)
+        self.pending.wait(url)  # a commit of ours in progress: its file, not the origin (or given up)
         path = self.path_for(url)
         try:
             f = open(path, "rb")
@@ -381,16 +381,51 @@ class DiskTier:
                 replaced = os.stat(path).st_size  # a shard committed again (after corruption, say)
             except OSError:
                 replaced = 0
-            total = usage.total + size - replaced
-            if self.max_bytes is None or total <= self.max_bytes:
-                write_usage(self._usage_path, usage._replace(total=total))
-                return
+            total: Optional[int] = usage.total + size - replaced
+            if self.max_bytes is not None and total is not None and total > self.max_bytes:
+                total = self._evict_oldest(total, path)
+            if total is not None:
+                try:
+                    write_usage(self._usage_path, usage._replace(total=total))
+                    return
+                except OSError:  # (a full disk, say): the listing below evicts first, then writes it
+                    pass
         self._scan(reserve=size, replacing=path)
+
+    def _evict_oldest(self, total: int, replacing: str) -> Optional[int]:
+        """Evict from the oldest files the last listing saw until `total` fits the bound, without
+        listing again; the total after, or None when they do not suffice (list the directory).
+
+        Exact LRU all the same: a file committed since that listing is newer than all of them, and
+        one used since (a hit touches it) is checked by its mtime and skipped."""
+        assert self.max_bytes is not None
+        with self._local():
+            busy = set(self._readers)
+        oldest, evicted, kept = self._oldest, 0, []
+        while total > self.max_bytes and oldest:
+            mtime_ns, path, _ = entry = oldest.popleft()
+            if path in busy or path == replacing:
+                kept.append(entry)  # files in use go last (a listing evicts them if it must)
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue  # evicted by another process
+            if st.st_mtime_ns != mtime_ns:
+                continue  # used since the listing: newer than every file left here
+            self._remove(path)
+            total -= st.st_size
+            evicted += 1
+        oldest.extendleft(reversed(kept))
+        self.counters.add(evictions=evicted)
+        return total if total <= self.max_bytes else None
 
     def _scan(self, reserve: int = 0, replacing: Optional[str] = None) -> None:
         """One pass over the directory (caller holds the evict lock): clean up, evict LRU, and
         write what it counted (with `reserve` bytes about to be committed) to the usage ledger."""
         listed_at = time.time()
+        for stale in glob.glob(glob.escape(self._usage_path) + ".*.tmp"):
+            _unlink(stale)  # a ledger write killed midway (they all happen under the evict lock we hold)
         files: List[Tuple[int, str, int]] = []  # (mtime_ns, path, size) of committed shards
         sidecars = []
         with os.scandir(self.cache_dir) as entries:
@@ -422,7 +457,7 @@ class DiskTier:
         files.sort()
         with self._local():
             busy = set(self._readers)
-        evicted = 0
+        evicted: set = set()
         # Files this process is reading go last (unlinking them is safe, but frees nothing yet).
         for want_busy in (False, True):
             for _, path, size in files:
@@ -431,8 +466,9 @@ class DiskTier:
                 if (path in busy) == want_busy:
                     self._remove(path)
                     total -= size
-                    evicted += 1
-        self.counters.add(evictions=evicted)
+                    evicted.add(path)
+        self.counters.add(evictions=len(evicted))
+        self._oldest = collections.deque(f for f in files if f[1] not in evicted)  # (`_evict_oldest`)
         write_usage(self._usage_path, Usage(total, listed_at))
 
     def _remove(self, path: str) -> None:

@@ -351,8 +351,8 @@ class ShardCache(ClaimsAhead):
 
     def _settle(self, url: Optional[str]) -> None:
         for tier in self.tiers:
-            if isinstance(tier, DiskTier) and not tier.settle(url):
-                logger.warning("the cache's commits into %s are still not done: going on without them", tier.cache_dir)
+            if isinstance(tier, DiskTier):
+                tier.settle(url)  # (a commit still going after WRITE_STALL is given up, with a WARNING)
 
     def local_path(self, url: str) -> Optional[str]:
         """The path of a committed copy of `url` in a disk tier (with a record of its size and

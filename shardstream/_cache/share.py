@@ -22,6 +22,7 @@ sleep in a loop bounded by those timeouts.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import glob
 import logging
@@ -29,11 +30,12 @@ import os
 import struct
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from .check import BlockDigest, block_digest
 from .naming import _unlink, cache_file_name
-from .._base.errors import FetchError
+from .._base.errors import FetchError, redact_url
 
 __all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "PendingCommits", "follow", "open_progress_log", "progress_log_path"]
 
@@ -187,7 +189,7 @@ class BlockWriter:
     def alive(self) -> bool:
         """Whether the thread still runs (only after a write hung in the kernel past WRITE_STALL),
         as seen from another thread: the thread itself, committing, has done its writes."""
-        return self._thread.is_alive() and threading.current_thread() is not self._thread
+        return self._thread.is_alive() and not self._exited and threading.current_thread() is not self._thread
 
     def cancel(self) -> None:
         with self._cond:
@@ -198,38 +200,85 @@ class BlockWriter:
         self._thread.join(WRITE_STALL)  # (a write hung in the kernel: the daemon thread is left to it)
 
 
+class _Pending:
+    """One commit on a writer thread: `then` runs once, when it is done or given up."""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        self.event = threading.Event()
+        self.given_up = False
+        self._then: Optional[Callable[[], None]] = then
+        self._lock = threading.Lock()
+
+    def run_then(self) -> None:
+        with self._lock:
+            then, self._then = self._then, None
+        if then is not None:
+            then()
+
+
 class PendingCommits:
-    """The commits this process's writer threads have yet to finish, by URL (`commit_soon`)."""
+    """The commits this process's writer threads have yet to finish, by URL (`commit_soon`).
+
+    A commit still going after a waiter's `timeout` (a cache disk that hangs) is given up: its
+    `then` runs (the claims go) and later waiters no longer wait for it. If its thread comes back
+    before the commit began, it discards the file; one that hung inside the commit finishes it
+    (the file is whole and checked; another process's copy would replace it atomically). So a
+    hung disk costs one wait of WRITE_STALL, as a synchronous commit did.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._events: dict = {}  # url -> [Event, ...]
+        self._pending: dict = {}  # url -> [_Pending, ...]
+        _EVERY.add(self)
 
-    def add(self, url: str) -> threading.Event:
-        event = threading.Event()
+    def add(self, url: str, then: Callable[[], None]) -> _Pending:
+        pending = _Pending(then)
         with self._lock:
-            self._events.setdefault(url, []).append(event)
-        return event
+            self._pending.setdefault(url, []).append(pending)
+        return pending
 
-    def done(self, url: str, event: threading.Event) -> None:
-        with self._lock:
-            events = self._events.get(url, [])
-            if event in events:
-                events.remove(event)
-            if not events:
-                self._events.pop(url, None)
-        event.set()
+    def done(self, url: str, pending: _Pending) -> None:
+        """The commit ended (or was given up): run its `then` if nobody did, wake the waiters."""
+        try:
+            pending.run_then()
+        finally:
+            with self._lock:
+                entries = self._pending.get(url, [])
+                if pending in entries:
+                    entries.remove(pending)
+                if not entries:
+                    self._pending.pop(url, None)
+            pending.event.set()
 
     def wait(self, url: Optional[str] = None, timeout: float = WRITE_STALL) -> bool:
-        """Wait until the commits of `url` (of every URL when None) are done: False when one is
-        still going after `timeout` seconds (a cache disk that hangs)."""
+        """Wait until the commits of `url` (of every URL when None) are done: False when one was
+        still going after `timeout` seconds and was given up."""
         deadline = time.monotonic() + timeout
         with self._lock:
             if url is None:
-                events = [event for pending in self._events.values() for event in pending]
+                found = [(u, p) for u, entries in self._pending.items() for p in entries]
             else:
-                events = list(self._events.get(url, ()))
-        return all(event.wait(max(0.0, deadline - time.monotonic())) for event in events)
+                found = [(url, p) for p in self._pending.get(url, ())]
+        settled = True
+        for u, pending in found:
+            if not pending.event.wait(max(0.0, deadline - time.monotonic())):
+                settled = False
+                pending.given_up = True
+                logger.warning("the cache's commit of %s is not done after %g s: giving it up", redact_url(u), timeout)
+                self.done(u, pending)
+        return settled
+
+
+_EVERY: "weakref.WeakSet[PendingCommits]" = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    """Shards read whole are committed before the interpreter stops the writer threads (an
+    iterator dropped mid-pass never reached its `settle`); a hung disk holds exit up 10 s."""
+    deadline = time.monotonic() + 10.0
+    for pending in list(_EVERY):
+        pending.wait(None, max(0.0, deadline - time.monotonic()))
 
 
 class DiskWriter:
@@ -287,16 +336,15 @@ class DiskWriter:
             then()
             return
         self.live = False
-        done = self.tier.pending.add(self.url)
+        pending = self.tier.pending.add(self.url, then)
 
         def committed(digest: Optional[BlockDigest]) -> None:
             try:
+                if pending.given_up:  # a waiter gave up on us: its claims are gone, keep nothing
+                    self.thread.error = self.thread.error or TimeoutError("the commit was given up")
                 self._commit(digest)
             finally:
-                try:
-                    then()
-                finally:
-                    self.tier.pending.done(self.url, done)
+                self.tier.pending.done(self.url, pending)
 
         self.thread.finish_soon(committed)
 

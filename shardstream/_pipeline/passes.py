@@ -157,12 +157,12 @@ class PipelineIterator:
         if where is not None:
             self._position = where
         current, self._current = self._current, None
+        close = getattr(current, "close", None)
+        if close is not None:
+            close()  # first: stages finish their work (the cache's last commits) before the stats
         if isinstance(current, EngineIterator):
             self._last_stats = current.stats()
             self._pipeline.note_stats(self._last_stats)
-        close = getattr(current, "close", None)
-        if close is not None:
-            close()
 
     def stats(self) -> Optional[PipelineStats]:
         """Stats of the pass under way (or the last one); None when not running on the engine."""
