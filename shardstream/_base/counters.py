@@ -7,7 +7,9 @@ hits, ...) from several threads. They all use `Counters`: `add(**counts)` under 
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 __all__ = ["Counters"]
@@ -24,6 +26,7 @@ class Counters:
     def __init__(self, fields: Optional[Tuple[str, ...]] = None) -> None:
         self._lock = threading.Lock()
         self._counts: Dict[str, int] = dict.fromkeys(self.FIELDS if fields is None else fields, 0)
+        _EVERY.add(self)
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -49,6 +52,22 @@ class Counters:
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        _EVERY.add(self)
+
+
+_EVERY: "weakref.WeakSet[Counters]" = weakref.WeakSet()
+
+
+def _fresh_locks_after_fork() -> None:
+    """A fork (DataLoader workers) copies each lock as it was: one that a thread of the parent
+    held at that moment (a cache writer counting its commit, say) would never be released in
+    the child. The child's counters get fresh locks; the counts are the parent's, as copied."""
+    for counters in list(_EVERY):
+        counters._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_after_fork)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.snapshot()})"
