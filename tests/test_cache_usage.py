@@ -122,3 +122,26 @@ def test_a_full_cache_evicts_without_listing_each_commit(tmp_path, listings):
 
 def read_kept(tier, count):
     return [i for i in range(count) if os.path.exists(tier.path_for(f"http://h/{i}.tar"))]
+
+
+def _commit_many(cache_dir, rank, count):
+    tier = DiskTier(cache_dir, 2_000)
+    for i in range(count):
+        put(tier, f"http://h/{rank}-{i}.tar", bytes([rank]) * (100 + 10 * i))
+
+
+def test_processes_committing_together_keep_the_bound_and_the_ledger_exact(tmp_path):
+    """Four processes commit into one bounded directory at once: every commit's read-modify-write
+    of the ledger happens under the node-wide evict lock, so none is lost and the bound holds."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_commit_many, args=(str(tmp_path), rank, 30)) for rank in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    counted = read_usage(os.path.join(str(tmp_path), ".locks", "usage"))
+    on_disk = sum(entry.stat().st_size for entry in os.scandir(tmp_path) if not entry.name.startswith("."))
+    assert counted is not None and counted.total == on_disk <= 2_000
