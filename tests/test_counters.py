@@ -66,3 +66,9 @@ def test_a_fork_while_another_thread_holds_the_lock_does_not_deadlock_the_child(
     finally:
         release.set()
         thread.join(10)
+
+
+def test_repr_shows_the_counts():
+    counts = Hits()
+    counts.add(hits=2)
+    assert repr(counts) == "Hits({'hits': 2, 'misses': 0})"

@@ -54,6 +54,9 @@ class Counters:
         self._lock = threading.Lock()
         _EVERY.add(self)
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.snapshot()})"
+
 
 _EVERY: "weakref.WeakSet[Counters]" = weakref.WeakSet()
 
@@ -68,6 +71,3 @@ def _fresh_locks_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_locks_after_fork)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.snapshot()})"

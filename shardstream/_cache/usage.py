@@ -9,9 +9,11 @@ missing or unreadable, when a commit could push the total past the bound, and on
 listing is `RESCAN_S` old (files added or removed behind the cache's back, dead writers' temp
 files).
 
-The ledger only ever over-counts between listings (files evicted as corrupt, deleted by hand):
-that makes the next listing come sooner, never lets the directory outgrow its bound. Callers hold
-the evict lock for every read-modify-write.
+Between listings the ledger over-counts what was removed behind its back (files evicted as
+corrupt, deleted by hand), which only brings the next listing sooner; it misses what was added
+behind its back (files copied in by hand, or committed by a version of this library without the
+ledger), which the next listing counts, `RESCAN_S` later at most. Callers hold the evict lock for
+every read-modify-write.
 """
 
 from __future__ import annotations
