@@ -5,9 +5,9 @@ Listing the directory costs O(files): ~100 ms for 20,000 cached shards and their
 commit does it under the node-wide evict lock, so 8 ranks committing at once queue behind each
 other's listings. The ledger turns the common commit into one read and one rename. A listing
 (`DiskTier._scan`) still runs, and rewrites the ledger with what it counted, when the ledger is
-missing or unreadable, when a commit could push the total past the bound, and once the last
-listing is `RESCAN_S` old (files added or removed behind the cache's back, dead writers' temp
-files).
+missing or unreadable, when a commit past the bound finds no more files to evict among those the
+last listing saw (`DiskTier._evict_oldest`), and once the last listing is `RESCAN_S` old (files
+added or removed behind the cache's back, dead writers' temp files).
 
 Between listings the ledger over-counts what was removed behind its back (files evicted as
 corrupt, deleted by hand), which only brings the next listing sooner; it misses what was added
