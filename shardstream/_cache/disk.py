@@ -381,10 +381,11 @@ class DiskTier:
                 replaced = os.stat(path).st_size  # a shard committed again (after corruption, say)
             except OSError:
                 replaced = 0
-            total: Optional[int] = usage.total + size - replaced
-            if self.max_bytes is not None and total is not None and total > self.max_bytes:
-                total = self._evict_oldest(total, path)
-            if total is not None:
+            total = usage.total + size - replaced
+            fits = self.max_bytes is None or total <= self.max_bytes
+            if not fits:
+                total, fits = self._evict_oldest(total, path)
+            if fits:
                 try:
                     write_usage(self._usage_path, usage._replace(total=total))
                     return
@@ -392,9 +393,9 @@ class DiskTier:
                     pass
         self._scan(reserve=size, replacing=path)
 
-    def _evict_oldest(self, total: int, replacing: str) -> Optional[int]:
+    def _evict_oldest(self, total: int, replacing: str) -> Tuple[int, bool]:
         """Evict from the oldest files the last listing saw until `total` fits the bound, without
-        listing again; the total after, or None when they do not suffice (list the directory).
+        listing again; the total after, and whether it fits (if not, list the directory).
 
         Exact LRU all the same: a file committed since that listing is newer than all of them, and
         one used since (a hit touches it) is checked by its mtime and skipped."""
@@ -418,7 +419,7 @@ class DiskTier:
             evicted += 1
         oldest.extendleft(reversed(kept))
         self.counters.add(evictions=evicted)
-        return total if total <= self.max_bytes else None
+        return total, total <= self.max_bytes
 
     def _scan(self, reserve: int = 0, replacing: Optional[str] = None) -> None:
         """One pass over the directory (caller holds the evict lock): clean up, evict LRU, and
