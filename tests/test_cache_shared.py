@@ -16,6 +16,7 @@ import time
 import warnings
 
 import pytest
+from cachehooks import before_commits
 from children import join_children, kill_alive, run_children
 from looptools import wait_for
 from shardsets import payload_digests, write_served
@@ -244,24 +245,20 @@ def test_the_reader_goes_on_while_a_shard_is_committed(server, files, tmp_path, 
     """A commit (the last block's write, the sidecar, the rename) runs on the writer thread: with
     shard 0's commit held up, the reader already hands out shard 1's samples; the pass ends with
     every shard committed, and the claim is let go only after the file is in place."""
-    from shardstream._cache.disk import DiskTier
-
     urls = [server.url(n) for n in NAMES]
     cache_dir = str(tmp_path / "cache")
     os.makedirs(cache_dir)
     held, committing = threading.Event(), threading.Event()
     seen_while_held, claim_free_while_held = [], []
-    real_commit = DiskTier._commit
 
-    def slow_commit(self, url, *args):
+    def hold_shard_0(tier, url):
         if url == urls[0]:
             committing.set()
             held.wait(10)  # until the reader reaches shard 2 (10 s where the reader waits for us)
-            claim_free_while_held.append(not self.writing_here(url))
+            claim_free_while_held.append(not tier.writing_here(url))
             committing.clear()
-        return real_commit(self, url, *args)
 
-    monkeypatch.setattr(DiskTier, "_commit", slow_commit)
+    before_commits(monkeypatch, hold_shard_0)
     samples = []
     for sample in wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir):
         samples.append(sample)
@@ -280,15 +277,7 @@ def test_the_reader_goes_on_while_a_shard_is_committed(server, files, tmp_path, 
 def test_pass_stats_count_the_commits_of_a_pass_cut_short(server, files, tmp_path, monkeypatch):
     """`with_epoch` ends a pass mid-shard: the stats of that pass are taken after the cache's
     commits of the shards read whole, not while they are still on the writer thread."""
-    from shardstream._cache.disk import DiskTier
-
-    real_commit = DiskTier._commit
-
-    def slow_commit(self, *args):
-        time.sleep(0.3)
-        return real_commit(self, *args)
-
-    monkeypatch.setattr(DiskTier, "_commit", slow_commit)
+    before_commits(monkeypatch, lambda tier, url: time.sleep(0.3))
     cache_dir = str(tmp_path / "cache")
     os.makedirs(cache_dir)
     ds = wds.WebDataset([server.url(n) for n in NAMES], shardshuffle=False, cache_dir=cache_dir).with_epoch(

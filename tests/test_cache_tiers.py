@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from cachehooks import put
 
 from shardstream._cache.naming import _HOST, cache_file_name
 from shardstream._cache.memory import MemoryTier
@@ -20,15 +21,6 @@ from shardstream._cache.disk import DiskTier
 from shardstream._cache.shardcache import ShardCache
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def put(tier, url, data, chunk=7):
-    """Write `data` through a tier writer in small chunks and commit it."""
-    writer = tier.writer(url)
-    assert writer is not None
-    for i in range(0, len(data), chunk):
-        writer.write(data[i : i + chunk])
-    return writer.commit()
 
 
 def read(tier, url):

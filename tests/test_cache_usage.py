@@ -6,17 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from cachehooks import put
 
 from shardstream._cache import usage
 from shardstream._cache.disk import DiskTier
 from shardstream._cache.usage import Usage, read_usage, write_usage
-
-
-def put(tier, url, data):
-    writer = tier.writer(url)
-    assert writer is not None
-    writer.write(data)
-    assert writer.commit()
 
 
 @pytest.fixture
@@ -44,7 +38,7 @@ def test_commits_below_the_bound_do_not_list_the_directory(tmp_path, listings):
         tier = DiskTier(str(tmp_path / str(bound)), bound)
         assert len(listings) == 1  # opening the tier cleans up: one listing
         for i in range(20):
-            put(tier, f"http://h/{i}.tar", b"x" * 100)
+            assert put(tier, f"http://h/{i}.tar", b"x" * 100)
         assert len(listings) == 1
         assert ledger(tier).total == 2_000 == tier.committed_bytes()
         listings.clear()
@@ -52,11 +46,11 @@ def test_commits_below_the_bound_do_not_list_the_directory(tmp_path, listings):
 
 def test_the_bound_holds_across_processes_sharing_the_ledger(tmp_path, listings):
     first, second = DiskTier(str(tmp_path), 300), DiskTier(str(tmp_path), 300)  # two ranks of a node
-    put(first, "http://h/a.tar", b"a" * 100)
-    put(second, "http://h/b.tar", b"b" * 100)
-    put(first, "http://h/c.tar", b"c" * 100)
+    assert put(first, "http://h/a.tar", b"a" * 100)
+    assert put(second, "http://h/b.tar", b"b" * 100)
+    assert put(first, "http://h/c.tar", b"c" * 100)
     listings.clear()
-    put(second, "http://h/d.tar", b"d" * 100)  # past the bound: a listing evicts the oldest
+    assert put(second, "http://h/d.tar", b"d" * 100)  # past the bound: a listing evicts the oldest
     assert len(listings) == 1
     assert [u for u in "abcd" if second.lookup(f"http://h/{u}.tar")] == ["b", "c", "d"]
     assert ledger(first).total == 300 == first.committed_bytes()
@@ -64,15 +58,15 @@ def test_the_bound_holds_across_processes_sharing_the_ledger(tmp_path, listings)
 
 def test_a_recommitted_shard_counts_once(tmp_path):
     tier = DiskTier(str(tmp_path), None)
-    put(tier, "http://h/a.tar", b"a" * 100)
-    put(tier, "http://h/a.tar", b"A" * 120)  # replaces the file: 120 bytes, not 220
+    assert put(tier, "http://h/a.tar", b"a" * 100)
+    assert put(tier, "http://h/a.tar", b"A" * 120)  # replaces the file: 120 bytes, not 220
     assert ledger(tier).total == 120 == tier.committed_bytes()
 
 
 @pytest.mark.parametrize("damage", ["missing", "garbled", "stale"])
 def test_a_ledger_it_cannot_trust_makes_a_listing(tmp_path, listings, damage):
     tier = DiskTier(str(tmp_path), 10_000)
-    put(tier, "http://h/a.tar", b"a" * 100)
+    assert put(tier, "http://h/a.tar", b"a" * 100)
     os.remove(tier.path_for("http://h/a.tar"))  # behind the cache's back: the ledger over-counts
     path = os.path.join(tier.cache_dir, ".locks", "usage")
     if damage == "missing":
@@ -83,18 +77,18 @@ def test_a_ledger_it_cannot_trust_makes_a_listing(tmp_path, listings, damage):
     else:
         write_usage(path, ledger(tier)._replace(listed_at=ledger(tier).listed_at - usage.RESCAN_S - 1))
     listings.clear()
-    put(tier, "http://h/b.tar", b"b" * 100)
+    assert put(tier, "http://h/b.tar", b"b" * 100)
     assert len(listings) == 1
     assert ledger(tier).total == 100 == tier.committed_bytes()
 
 
 def test_an_over_count_never_lets_the_directory_outgrow_its_bound(tmp_path):
     tier = DiskTier(str(tmp_path), 250)
-    put(tier, "http://h/a.tar", b"a" * 100)
-    put(tier, "http://h/b.tar", b"b" * 100)
+    assert put(tier, "http://h/a.tar", b"a" * 100)
+    assert put(tier, "http://h/b.tar", b"b" * 100)
     path = os.path.join(tier.cache_dir, ".locks", "usage")
     write_usage(path, ledger(tier)._replace(total=240))  # over-counted (a file evicted as corrupt, say)
-    put(tier, "http://h/c.tar", b"c" * 100)  # 340 by the ledger: the listing finds 300, evicts a
+    assert put(tier, "http://h/c.tar", b"c" * 100)  # 340 by the ledger: the listing finds 300, evicts a
     assert [u for u in "abc" if tier.lookup(f"http://h/{u}.tar")] == ["b", "c"]
     assert ledger(tier).total == 200 == tier.committed_bytes()
 
@@ -104,9 +98,9 @@ def test_a_full_cache_evicts_without_listing_each_commit(tmp_path, listings):
     listing saw: one listing serves many commits, and the order is still exact LRU."""
     tier = DiskTier(str(tmp_path), 1_000)
     for i in range(10):
-        put(tier, f"http://h/{i}.tar", b"x" * 100)
+        assert put(tier, f"http://h/{i}.tar", b"x" * 100)
     listings.clear()
-    put(tier, "http://h/10.tar", b"x" * 100)  # the first commit past the bound lists the directory
+    assert put(tier, "http://h/10.tar", b"x" * 100)  # the first commit past the bound lists the directory
     assert len(listings) == 1
     assert read_kept(tier, 11) == list(range(1, 11))
     hit = tier.lookup("http://h/5.tar")  # a hit touches 5: it is now the newest
@@ -114,7 +108,7 @@ def test_a_full_cache_evicts_without_listing_each_commit(tmp_path, listings):
     hit.close()
     os.utime(tier.path_for("http://h/5.tar"), ns=(2**62, 2**62))  # (later than any clock tick here)
     for i in range(11, 17):
-        put(tier, f"http://h/{i}.tar", b"x" * 100)
+        assert put(tier, f"http://h/{i}.tar", b"x" * 100)
     assert len(listings) == 1  # six more commits, each evicting the oldest, without a listing
     assert read_kept(tier, 17) == [5, 8, 9, 10, 11, 12, 13, 14, 15, 16]
     assert ledger(tier).total == 1_000 == tier.committed_bytes()
@@ -127,7 +121,7 @@ def read_kept(tier, count):
 def _commit_many(cache_dir, rank, count):
     tier = DiskTier(cache_dir, 2_000)
     for i in range(count):
-        put(tier, f"http://h/{rank}-{i}.tar", bytes([rank]) * (100 + 10 * i))
+        assert put(tier, f"http://h/{rank}-{i}.tar", bytes([rank]) * (100 + 10 * i))
 
 
 def test_processes_committing_together_keep_the_bound_and_the_ledger_exact(tmp_path):

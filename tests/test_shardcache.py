@@ -19,6 +19,7 @@ import threading
 import time
 
 import pytest
+from cachehooks import before_commits
 
 from shardstream._cache.naming import _file_lock, cache_file_name
 from shardstream._cache.memory import MemoryTier
@@ -464,14 +465,13 @@ def test_a_lookup_waits_for_a_commit_in_progress(tmp_path, monkeypatch):
     """A second stream of a shard whose commit is still on the writer thread reads the committed
     file: one origin fetch, one hit."""
     url, data = shard_url(1), shard_bytes(shard_url(1))
-    real_commit, entered = DiskTier._commit, threading.Event()
+    entered = threading.Event()
 
-    def slow_commit(self, *args):
+    def slow(tier, url):
         entered.set()
         time.sleep(0.5)
-        return real_commit(self, *args)
 
-    monkeypatch.setattr(DiskTier, "_commit", slow_commit)
+    before_commits(monkeypatch, slow)
     origin, disk = Origin(), DiskTier(str(tmp_path), None)
     cache = ShardCache([disk])
     assert b"".join(cache.stream(url, origin, settled=False)) == data
@@ -486,13 +486,8 @@ def test_a_hung_commit_is_given_up_once(tmp_path, monkeypatch):
     from shardstream._cache import share
 
     url, data = shard_url(1), shard_bytes(shard_url(1))
-    real_commit, release = DiskTier._commit, threading.Event()
-
-    def hung_commit(self, *args):
-        release.wait(30)
-        return real_commit(self, *args)
-
-    monkeypatch.setattr(DiskTier, "_commit", hung_commit)
+    release = threading.Event()
+    before_commits(monkeypatch, lambda tier, url: release.wait(30))
     monkeypatch.setattr(share.PendingCommits.wait, "__defaults__", (None, 0.5))  # WRITE_STALL: 60 s
     disk = DiskTier(str(tmp_path), None)
     cache = ShardCache([disk])
