@@ -181,6 +181,11 @@ class PartBudget:
             part.waiter[2] = None
         self.release(part)
 
+    def advance(self, reading: _Reading, position: int) -> None:
+        """The stream's reader has consumed it up to `position`: its window moves on."""
+        reading.read_to = position
+        self._grant()
+
     def release(self, part: "_Part") -> None:
         if part.held:
             self.used -= part.held
@@ -205,7 +210,6 @@ class PartBudget:
             return
         waiting.sort(key=operator.itemgetter(0))  # reading order: (stream, part)
         before = self._before()
-        granted = False
         for entry in waiting:
             _key, size, future, part = entry
             reading = part.reading
@@ -221,10 +225,7 @@ class PartBudget:
             self.used += size
             part.held = size
             future.set_result(None)
-            entry[2] = None
-            granted = True
-        if granted:
-            self._waiting = [entry for entry in waiting if entry[2] is not None]
+            entry[2] = None  # (dropped from _waiting at the next grant)
 
 
 
@@ -381,8 +382,8 @@ async def parallel_stream(
                     f"object size changed during the download: bytes {front.start}-{front.stop - 1} "
                     f"of {size} gave {front.received} bytes", url=url, offset=front.start + front.received,
                 )
-            reading.read_to = front.stop
-            budget.release(window.popleft())  # handed on: its memory is free, so the next part may start
+            budget.release(window.popleft())  # handed on: its memory is free
+            budget.advance(reading, front.stop)  # and the reader's window moves: the next parts may start
             fill()
     finally:
         if wanted is not None:
