@@ -64,10 +64,17 @@ async def collect(url, options=Options(), start=0):
     return [chunk async for chunk in _s3.s3_stream(url, options=options, start=start)]
 
 
+async def client_for(options) -> object:
+    """The loop's client for `options`, as a stream gets it (its lease given back at once)."""
+    lease = await _s3client.lease_client(options)
+    lease.release()
+    return lease.client
+
+
 async def recorded(operation: str, options=Options()) -> list:
     """Headers of every HTTP request the loop's client sends for `operation` (botocore event hook)."""
     sent: list = []
-    client = await _s3client.client_for(options)
+    client = await client_for(options)
     client.meta.events.register(
         f"before-send.s3.{operation}", lambda request, **_: sent.append(dict(request.headers))
     )
@@ -379,7 +386,7 @@ def test_one_client_per_loop_closed_with_the_loop(bucket, s3_admin, caplog):
     s3_admin.put_object(Bucket=bucket, Key="a", Body=b"abc")
 
     async def body():
-        first, second = await asyncio.gather(_s3client.client_for(Options()), _s3client.client_for(Options()))
+        first, second = await asyncio.gather(client_for(Options()), client_for(Options()))
         assert first is second
         assert b"".join(await collect(f"s3://{bucket}/a")) == b"abc"
         return asyncio.get_running_loop()
@@ -508,21 +515,21 @@ def test_the_client_follows_the_aws_environment(bucket, s3_admin, monkeypatch):
     s3_admin.put_object(Bucket=bucket, Key="a", Body=b"env")
 
     async def body():
-        first = await _s3client.client_for(Options())
+        first = await client_for(Options())
         monkeypatch.setenv("SHARDSTREAM_TEST_UNRELATED", "1")
-        assert await _s3client.client_for(Options()) is first
+        assert await client_for(Options()) is first
         clients = [first]
         for name, value in (("AWS_DEFAULT_REGION", "eu-west-1"), ("AWS_ACCESS_KEY_ID", "other")):
             with pytest.MonkeyPatch.context() as change:
                 change.setenv(name, value)
-                clients.append(await _s3client.client_for(Options()))
+                clients.append(await client_for(Options()))
         assert len({id(c) for c in clients}) == len(clients)
         assert clients[1].meta.region_name == "eu-west-1"
         with pytest.MonkeyPatch.context() as change:
             change.setenv("AWS_PROFILE", "nobody")
             with pytest.raises(ProfileNotFound):
-                await _s3client.client_for(Options())
-        current = await _s3client.client_for(Options())  # the test's environment again: a fresh client
+                await client_for(Options())
+        current = await client_for(Options())  # the test's environment again: a fresh client
         assert all(current is not c for c in clients)
         assert b"".join(await collect(f"s3://{bucket}/a")) == b"env"
 
@@ -541,7 +548,7 @@ def test_a_stream_keeps_a_retired_client_until_it_ends(bucket, s3_admin, monkeyp
         loop = asyncio.get_running_loop()
         (old,) = [entry for entry in _s3client._clients.values() if entry.key[0] is loop]
         monkeypatch.setenv("AWS_SHARDSTREAM_TEST_MARK", "1")  # any AWS_* variable is configuration
-        newer = await _s3client.client_for(Options())
+        newer = await client_for(Options())
         assert newer is not old.ready.result() and old in _s3client._retired and not old.task.done()
         rest = [chunk async for chunk in stream]
         assert first + b"".join(rest) == data

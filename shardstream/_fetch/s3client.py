@@ -26,7 +26,7 @@ from botocore import UNSIGNED
 
 logger = logging.getLogger("shardstream._fetch.s3")
 
-__all__ = ["ClientLease", "client_for", "close_s3_clients", "lease_client"]
+__all__ = ["ClientLease", "close_s3_clients", "lease_client"]
 
 _MAX_POOL_CONNECTIONS = 64  # botocore's default of 10 would cap the shards in flight per loop
 # The shared files botocore reads at client creation, and the variables that move them.
@@ -99,17 +99,11 @@ class ClientLease:
             _cancel(entry)
 
 
-async def client_for(options: Any) -> Any:
-    """The S3 client of the running loop for these timeouts and the current AWS configuration,
-    created on first use. Unleased: for calls made at once (a stream holds a `lease_client`)."""
-    entry = _entry_for(options, lease=False)
-    return await _client_of(entry)
-
-
 async def lease_client(options: Any) -> ClientLease:
-    """As `client_for`, held until the lease is released: a change of configuration meanwhile
+    """The S3 client of the running loop for these timeouts and the current AWS configuration,
+    created on first use, held until the lease is released: a change of configuration meanwhile
     retires the client but does not close it under the holder."""
-    entry = _entry_for(options, lease=True)
+    entry = _entry_for(options)
     try:
         client = await _client_of(entry)
     except BaseException:
@@ -118,10 +112,10 @@ async def lease_client(options: Any) -> ClientLease:
     return ClientLease(client, entry)
 
 
-def _entry_for(options: Any, *, lease: bool) -> _Client:
+def _entry_for(options: Any) -> _Client:
     """The table's entry for the running loop, these timeouts and the current configuration (a
-    new one, its client being made, if there is none); the loop's entries made from another
-    configuration are retired."""
+    new one, its client being made, if there is none), with one more user; the loop's entries
+    made from another configuration are retired."""
     global _atexit_registered
     loop = asyncio.get_running_loop()
     key = (loop, options.connect_timeout, options.stall_timeout, _configuration())
@@ -147,8 +141,7 @@ def _entry_for(options: Any, *, lease: bool) -> _Client:
             if not _atexit_registered:
                 atexit.register(_close_at_exit)
                 _atexit_registered = True
-        if lease:
-            entry.users += 1
+        entry.users += 1
     if idle:
         logger.debug("the AWS configuration changed: a new S3 client; closing %d unused old one(s)", len(idle))
     for retired in idle:
