@@ -76,6 +76,19 @@ def write_tar(path: str, members: List[Member], *, fmt=tarfile.USTAR_FORMAT, ext
     return path
 
 
+def corrupt_header(src: str, dst: str, member: int) -> int:
+    """Copy the tar at src to dst with the header checksum of its member-th member broken; return
+    that header's byte offset (where the reader must say the shard went wrong)."""
+    with open(src, "rb") as f:
+        raw = f.read()
+    offset = [m.offset for m in tarfile.open(fileobj=io.BytesIO(raw))][member]
+    data = bytearray(raw)
+    data[offset + 10] ^= 0x5A  # a byte of the name field: the stored checksum no longer matches
+    with open(dst, "wb") as f:
+        f.write(bytes(data))
+    return offset
+
+
 def _dir_and_links(tar: tarfile.TarFile) -> None:
     d = tarfile.TarInfo("zz_dir")
     d.type = tarfile.DIRTYPE

@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from shardsets import sample_members, write_tar
+from shardsets import corrupt_header, sample_members, write_tar
 
 import shardstream as wds
 
@@ -20,15 +20,8 @@ def shards(tmp_path):
     raw = open(good1, "rb").read()
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(raw[: len(raw) // 2 + 100])
-    corrupt = tmp_path / "corrupt.tar"
-    data = bytearray(raw)
-    # corrupt the checksum of the third member's header deterministically
-    import io
-    import tarfile
-
-    offsets = [m.offset for m in tarfile.open(fileobj=io.BytesIO(raw))]
-    data[offsets[6] + 10] ^= 0x5A
-    corrupt.write_bytes(bytes(data))
+    corrupt = str(tmp_path / "corrupt.tar")
+    offset6 = corrupt_header(good1, corrupt, 6)  # the third sample's first header
     notar = tmp_path / "notar.tar"
     notar.write_bytes(b"<html>not a tar file</html>" * 40)
     empty = tmp_path / "empty.tar"
@@ -37,11 +30,11 @@ def shards(tmp_path):
         "good1": good1,
         "good2": good2,
         "truncated": str(truncated),
-        "corrupt": str(corrupt),
+        "corrupt": corrupt,
         "notar": str(notar),
         "empty": str(empty),
         "missing": str(tmp_path / "missing.tar"),
-        "offset6": offsets[6],
+        "offset6": offset6,
     }
 
 

@@ -3,16 +3,14 @@ stderr, where a plain script without logging set up would show both)."""
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import subprocess
 import sys
-import tarfile
 import warnings
 
 import pytest
-from shardsets import sample_members, write_tar
+from shardsets import corrupt_header, sample_members, write_tar
 
 import shardstream as wds
 
@@ -25,17 +23,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def shards(tmp_path):
     good1 = write_tar(str(tmp_path / "good1.tar"), [m for i in range(4) for m in sample_members(i, exts=("cls", "json"))])
     good2 = write_tar(str(tmp_path / "good2.tar"), [m for i in range(10, 14) for m in sample_members(i, exts=("cls", "json"))])
-    raw = open(good1, "rb").read()
-    offset = [m.offset for m in tarfile.open(fileobj=io.BytesIO(raw))][4]  # sample 2's first header
-    data = bytearray(raw)
-    data[offset + 10] ^= 0x5A  # its checksum no longer matches
-    corrupt = tmp_path / "corrupt.tar"
-    corrupt.write_bytes(bytes(data))
+    corrupt = str(tmp_path / "corrupt.tar")
+    offset = corrupt_header(good1, corrupt, 4)  # sample 2's first header
     badjson = write_tar(str(tmp_path / "badjson.tar"), [
         *sample_members(0, exts=("cls", "json")), ("s0001.cls", b"1"), ("s0001.json", b"{not json"),
         *sample_members(2, exts=("cls", "json")),
     ])
-    return {"good1": good1, "good2": good2, "corrupt": str(corrupt), "offset": offset, "badjson": badjson}
+    return {"good1": good1, "good2": good2, "corrupt": corrupt, "offset": offset, "badjson": badjson}
 
 
 def _reports(make_dataset, caplog, needle):
