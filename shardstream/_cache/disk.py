@@ -38,7 +38,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 from filelock import FileLock, Timeout
 
 from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
-from .share import WRITE_STALL, DiskWriter, PendingCommits, open_progress_log
+from .share import DiskWriter, PendingCommits, open_progress_log
 from .usage import Usage, read_usage, write_usage
 from .memory import CHUNK_SIZE, TierCounters
 from .naming import _HOST, _TEMP, _file_lock, _pid_alive, _unlink, _url_digest, cache_file_name
@@ -225,10 +225,10 @@ class DiskTier:
             return None
         return _Claim(self, url, lock)
 
-    def settle(self, url: Optional[str] = None, timeout: float = WRITE_STALL) -> bool:
+    def settle(self, url: Optional[str] = None, timeout: Optional[float] = None) -> bool:
         """Wait for this process's commits in progress (`DiskWriter.commit_soon`) of `url`, or of
         every URL: each shard read whole is then in the directory. False when one is still going
-        after `timeout` seconds."""
+        after `timeout` seconds (the cache's WRITE_STALL when None)."""
         return self.pending.wait(url, timeout)
 
     def writing_here(self, url: str) -> bool:

@@ -250,9 +250,11 @@ class PendingCommits:
                     self._pending.pop(url, None)
             pending.event.set()
 
-    def wait(self, url: Optional[str] = None, timeout: float = WRITE_STALL) -> bool:
+    def wait(self, url: Optional[str] = None, timeout: Optional[float] = None) -> bool:
         """Wait until the commits of `url` (of every URL when None) are done: False when one was
-        still going after `timeout` seconds and was given up."""
+        still going after `timeout` seconds (WRITE_STALL when None) and was given up."""
+        if timeout is None:
+            timeout = WRITE_STALL
         deadline = time.monotonic() + timeout
         with self._lock:
             if url is None:
