@@ -7,6 +7,7 @@ import os
 
 import pytest
 from cachehooks import put
+from children import run_children
 
 from shardstream._cache import usage
 from shardstream._cache.disk import DiskTier
@@ -28,7 +29,7 @@ def listings(monkeypatch):
 
 
 def ledger(tier) -> Usage:
-    found = read_usage(os.path.join(tier.cache_dir, ".locks", "usage"))
+    found = read_usage(tier._usage_path)
     assert found is not None
     return found
 
@@ -68,7 +69,7 @@ def test_a_ledger_it_cannot_trust_makes_a_listing(tmp_path, listings, damage):
     tier = DiskTier(str(tmp_path), 10_000)
     assert put(tier, "http://h/a.tar", b"a" * 100)
     os.remove(tier.path_for("http://h/a.tar"))  # behind the cache's back: the ledger over-counts
-    path = os.path.join(tier.cache_dir, ".locks", "usage")
+    path = tier._usage_path
     if damage == "missing":
         os.remove(path)
     elif damage == "garbled":
@@ -86,7 +87,7 @@ def test_an_over_count_never_lets_the_directory_outgrow_its_bound(tmp_path):
     tier = DiskTier(str(tmp_path), 250)
     assert put(tier, "http://h/a.tar", b"a" * 100)
     assert put(tier, "http://h/b.tar", b"b" * 100)
-    path = os.path.join(tier.cache_dir, ".locks", "usage")
+    path = tier._usage_path
     write_usage(path, ledger(tier)._replace(total=240))  # over-counted (a file evicted as corrupt, say)
     assert put(tier, "http://h/c.tar", b"c" * 100)  # 340 by the ledger: the listing finds 300, evicts a
     assert [u for u in "abc" if tier.lookup(f"http://h/{u}.tar")] == ["b", "c"]
@@ -131,11 +132,7 @@ def test_processes_committing_together_keep_the_bound_and_the_ledger_exact(tmp_p
 
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_commit_many, args=(str(tmp_path), rank, 30)) for rank in range(4)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(60)
-    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
-    counted = read_usage(os.path.join(str(tmp_path), ".locks", "usage"))
+    run_children(procs, [], 60)
+    counted = read_usage(os.path.join(str(tmp_path), ".locks", "usage"))  # (opening a tier would list and rewrite it)
     on_disk = sum(entry.stat().st_size for entry in os.scandir(tmp_path) if not entry.name.startswith("."))
     assert counted is not None and counted.total == on_disk <= 2_000

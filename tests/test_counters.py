@@ -7,6 +7,7 @@ import pickle
 import threading
 
 import pytest
+from children import kill_alive
 
 from shardstream._base.counters import Counters
 
@@ -60,9 +61,7 @@ def test_a_fork_while_another_thread_holds_the_lock_does_not_deadlock_the_child(
             child.join(20)
             assert child.exitcode == 0
         finally:
-            if child.is_alive():
-                child.kill()  # (deadlocked: the failure above says so)
-                child.join(5)
+            kill_alive([child])  # (deadlocked: the failure above says so)
     finally:
         release.set()
         thread.join(10)
