@@ -217,7 +217,7 @@ def test_seeking_resume_reads_only_what_is_left(big_shards):
 def _stop_and_resume(build, take, server, build_resumed=None):
     """A full pass, then a pass stopped after `take` items whose state a fresh dataset (from
     `build_resumed`, else `build`) resumes; the server's counters cover the resumed pass only.
-    Returns (full, first, rest, state, the resumed dataset)."""
+    Returns (rest, state, the resumed dataset): the resumed pass's items, the state it resumed from."""
     full = list(build())
     first_ds = build()
     it = iter(first_ds)
@@ -229,7 +229,7 @@ def _stop_and_resume(build, take, server, build_resumed=None):
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert_same_stream(full, first + rest)
-    return full, first, rest, state, resumed
+    return rest, state, resumed
 
 
 def test_seeking_resume_over_http_uses_a_range_request(big_shards):
@@ -265,7 +265,7 @@ def test_seeking_resume_over_http_reads_a_cached_shard_from_the_disk_cache(big_s
             ).to_tuple("__key__", "cls", "bin")
 
         # the full pass fills the cache; the stop is 30 samples into big-1
-        _full, _first, rest, state, resumed = _stop_and_resume(build, 90, server)
+        rest, state, resumed = _stop_and_resume(build, 90, server)
         assert state["position"][1:3] == [1, 30] and state["position"][3] > 0
         assert [s[0] for s in rest] == [f"s{i:04d}" for i in range(90, 180)]
         assert server.stats.snapshot().path_requests == {}  # big-1 (and big-2) came from the cache
@@ -285,7 +285,7 @@ def test_seeking_resume_of_a_shard_not_in_the_cache_reads_the_rest_from_the_orig
         def build(cache=None):
             return wds.WebDataset(urls, shardshuffle=False, cache_dir=cache).to_tuple("__key__", "cls")
 
-        *_, resumed = _stop_and_resume(build, 90, server, lambda: build(cache_dir))
+        _, _, resumed = _stop_and_resume(build, 90, server, lambda: build(cache_dir))
         after = server.stats.snapshot()
         assert after.path_requests == {"big-1.tar": 1, "big-2.tar": 1} and after.range_requests >= 1
         cached = resumed.stats().cache["disk"]
