@@ -198,8 +198,9 @@ class Result:
 
     @property
     def peak_pss_mb(self) -> float:
-        """The peak PSS over all repetitions."""
-        return max((r.peak_pss_mb for r in self.reps), default=0.0)
+        """The first pass's peak PSS, as the headline figures are the first pass's (each pass's
+        own peak is in `reps`)."""
+        return self.first.peak_pss_mb if self.first else 0.0
 
     @property
     def added_pss_mb(self) -> Optional[float]:
@@ -217,7 +218,7 @@ class Result:
         """The figure a `Comparison` divides: "rate" (samples/s), "pss" (the first pass's peak PSS),
         "added" (`added_pss_mb`) or "base" (the PSS before the first pass); 0.0 when there is none."""
         first = self.first
-        figures = {"rate": self.rate, "pss": first.peak_pss_mb if first else 0.0, "added": self.added_pss_mb,
+        figures = {"rate": self.rate, "pss": self.peak_pss_mb, "added": self.added_pss_mb,
                    "base": first.base_pss_mb if first else 0.0}
         return figures[measure] or 0.0
 
