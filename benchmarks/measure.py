@@ -145,13 +145,14 @@ def timed_pass(start_pass, count) -> tuple[Rep, Optional[str]]:
 
 
 def main(spec_path: str, result_path: str) -> None:
-    """Read the spec, warm the page cache, set the workload up, time the repetitions, write JSON."""
+    """Read the spec, recycle memory, warm the page cache, set the workload up, time the repetitions, write JSON."""
     with open(spec_path) as stream:
         spec = json.load(stream)
     config = Config(**spec["config"])
     warm = spec.get("warm", spec["urls"])
-    warm_page_cache(warm)  # remote sources: the files the server reads
+    # recycle first, then warm: on a machine short of memory the scratch file would push warmed shards out
     recycle_free_memory(sum(os.path.getsize(path) for path in warm))
+    warm_page_cache(warm)  # remote sources: the files the server reads
     # torch on both sides, as in a training job (a DataLoader needs it; our loader does not, but
     # the process it feeds has it): memory columns compare like with like.
     importlib.import_module("torch")
