@@ -35,15 +35,18 @@ def warm_page_cache(paths: list[str], chunk: int = 1 << 20) -> None:
 
 def recycle_free_memory(nbytes: int, chunk: int = 1 << 20) -> None:
     """Write `nbytes` to a scratch file in the temp folder and delete it, so that the kernel's free
-    list holds that much memory this machine has used before.
+    list holds that much memory this machine has used a moment ago. Capped at the free memory less
+    512 MiB: it takes only free pages, never the page cache (the warmed shards).
 
-    Some VMs (this project's Firecracker machines among them) back guest memory only when the guest
-    first touches it: writing 400 MB into the page cache cost 0.6 s of system time there in memory
-    never touched since boot, 0.07 s in pages freed a moment before. A machine that has run a while
-    has no untouched memory left, so without this step the first configuration to grow the page
-    cache (a cold disk cache writing the corpus) would pay a cost no training node pays, and the
-    others would not. Untimed, in every child alike, before torch is imported.
+    This project's Firecracker machines back guest memory only when the guest touches it, and their
+    balloon driver reports free pages back to the host (free page reporting) about 2 s after they
+    are freed: writing 485 MB into the page cache then costs ~0.5 s of system time, against ~0.1 s
+    in pages freed less than a second before. A training node's memory is its own (or full of page
+    cache it reclaims cheaply), so without this step the configuration that grows the page cache (a
+    cold disk cache writing the corpus) would pay a cost no training node pays, and the others would
+    not. `timed_pass` calls it just before the clock starts, in every configuration alike.
     """
+    nbytes = min(nbytes, max(0, psutil.virtual_memory().free - (512 << 20)))
     block = b"\0" * chunk
     fd, path = tempfile.mkstemp(prefix="shardstream-bench-recycle-")
     try:
@@ -104,8 +107,9 @@ class PssSampler(threading.Thread):
         self.join()
 
 
-def timed_pass(start_pass, count) -> tuple[Rep, Optional[str]]:
+def timed_pass(start_pass, count, recycle: int = 0) -> tuple[Rep, Optional[str]]:
     """Run one pass; `start_pass()` returns the iterable, `count(item)` its (samples, bytes).
+    `recycle` bytes of free memory are recycled just before it (`recycle_free_memory`).
 
     Returns the figures, and shardstream's `stats().format()` of the pass when the iterator has one
     (read after the clock stops; a DataLoader's iterator has none).
@@ -113,6 +117,7 @@ def timed_pass(start_pass, count) -> tuple[Rep, Optional[str]]:
     prepare = getattr(start_pass, "prepare", None)
     if prepare is not None:
         prepare()
+    recycle_free_memory(recycle)
     gc.collect()
     base_pss = tree_pss(psutil.Process())  # the process before the pass: interpreter, torch, the library
     sampler = PssSampler()
@@ -145,14 +150,13 @@ def timed_pass(start_pass, count) -> tuple[Rep, Optional[str]]:
 
 
 def main(spec_path: str, result_path: str) -> None:
-    """Read the spec, recycle memory, warm the page cache, set the workload up, time the repetitions, write JSON."""
+    """Read the spec, warm the page cache, set the workload up, time the repetitions, write JSON."""
     with open(spec_path) as stream:
         spec = json.load(stream)
     config = Config(**spec["config"])
     warm = spec.get("warm", spec["urls"])
-    # recycle first, then warm: on a machine short of memory the scratch file would push warmed shards out
-    recycle_free_memory(sum(os.path.getsize(path) for path in warm))
     warm_page_cache(warm)  # remote sources: the files the server reads
+    corpus_bytes = sum(os.path.getsize(path) for path in warm)
     # torch on both sides, as in a training job (a DataLoader needs it; our loader does not, but
     # the process it feeds has it): memory columns compare like with like.
     importlib.import_module("torch")
@@ -163,7 +167,7 @@ def main(spec_path: str, result_path: str) -> None:
     reps, stats = [], None
     try:
         for _ in range(spec["repeat"]):
-            rep, stats = timed_pass(start_pass, workload.count)
+            rep, stats = timed_pass(start_pass, workload.count, recycle=corpus_bytes)
             reps.append(rep)
     finally:
         close = getattr(start_pass, "close", None)
