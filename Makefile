@@ -49,7 +49,7 @@ test: $(STAMP) $(CLIP_STAMP)
 		tests/test_fetch_parallel.py tests/test_parts.py tests/test_retries.py tests/test_fetch_s3.py
 
 bench: $(STAMP)
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py --processes 3
 	$(PY) benchmarks/resume.py
 	$(PY) benchmarks/contention.py
 	$(PY) benchmarks/media.py

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["SOURCES", "WORKLOADS", "Comparison", "Config", "Rep", "Result", "check_same_payload",
+__all__ = ["SOURCES", "WORKLOADS", "Comparison", "Config", "Rep", "Result", "check_same_payload", "merge",
            "run_config"]
 
 WORKLOADS = ("raw", "decode", "remote")  # the workload modules
@@ -150,10 +150,12 @@ class Rep:
 
 @dataclass
 class Result:
-    """A configuration's repetitions, summarised: the fastest pass, and the peak memory of all passes."""
+    """A configuration's passes, summarised: the first pass of a fresh process (the median one when
+    it ran in several fresh processes, `merge`), and the fastest of all passes."""
 
     config: Config
     reps: list[Rep] = field(default_factory=list)
+    firsts: list[Rep] = field(default_factory=list)  # the first pass of each fresh process
     setup_s: float = 0.0
     error: Optional[str] = None
     corpus_bytes: int = 0
@@ -178,8 +180,12 @@ class Result:
     @property
     def first(self) -> Optional[Rep]:
         """The first pass of the fresh process: what a training job sees every epoch (its DataLoader
-        workers are fresh processes), so the headline figures are its."""
-        return self.reps[0] if self.reps else None
+        workers are fresh processes), so the headline figures are its. Over several fresh processes,
+        the median one by wall time (the lower middle of an even count)."""
+        firsts = self.firsts or self.reps[:1]
+        if not firsts:
+            return None
+        return sorted(firsts, key=lambda r: r.wall_s)[(len(firsts) - 1) // 2]
 
     @property
     def best(self) -> Optional[Rep]:
@@ -230,6 +236,7 @@ class Result:
             "error": self.error,
             "setup_s": self.setup_s,
             "reps": [asdict(r) for r in self.reps],
+            "firsts": [asdict(r) for r in self.firsts],
             "stats": self.stats,
             "summary": None if first is None else {
                 "samples_per_s": self.rate,
@@ -242,6 +249,19 @@ class Result:
                 "added_pss_mb": self.added_pss_mb,
             },
         }
+
+
+def merge(runs: list[Result]) -> Result:
+    """One configuration's results from several fresh processes as one: every pass, the first pass
+    of each process (the headline is their median), the last process's stats; failed when any was."""
+    merged = Result(runs[0].config, corpus_bytes=runs[0].corpus_bytes)
+    for run in runs:
+        merged.reps += run.reps
+        merged.firsts += run.firsts or run.reps[:1]
+        merged.setup_s = max(merged.setup_s, run.setup_s)
+        merged.stats = run.stats or merged.stats
+        merged.error = merged.error or run.error
+    return merged
 
 
 def run_config(config: Config, urls: list[str], *, repeat: int, expected_samples: int,

@@ -71,7 +71,7 @@ def format_table(results: list[Result], header: str) -> str:
     ratio_line = (f"ratio = samples/s over the workload's baseline: its fastest webdataset config, or the "
                   f"config marked as its reference ({names})")
     lines += ["", "samples/s, MB/s, first ms, CPU s/1k, peak PSS MB: the first pass of a fresh process (what a training job "
-              "sees each epoch); best of N: the fastest of the process's passes",
+              "sees each epoch; with --processes, the median of the processes' first passes); best of N: the fastest pass",
               "MB/s = shard bytes read per second (1 MB = 1e6 bytes); added MB = the first pass's peak PSS less "
               "the process's PSS just before it (what the loader added: its workers or threads, buffers, lazy imports; "
               "'-' after an untimed pass in the same process)",

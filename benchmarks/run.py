@@ -1,9 +1,10 @@
 """Run the shardstream-vs-webdataset benchmarks and report them.
 
     .venv/bin/python benchmarks/run.py [--workload raw|decode|remote|all] [--repeat 3] [--samples 4000]
-                                       [--shards 16] [--workers 1,2,4] [--quick] [--only SECTION]
+                                       [--shards 16] [--workers 1,2,4] [--processes 1] [--quick] [--only SECTION]
 
-Every configuration runs in its own fresh Python process. The servers of the remote workloads (HTTP,
+Every configuration runs in its own fresh Python process (in `--processes` of them, in turns across
+the configurations, the headline being the median of their first passes). The servers of the remote workloads (HTTP,
 S3) run in their own processes, started once here and stopped on the way out (errors, Ctrl-C and
 SIGTERM included). Prints a table, writes benchmarks/out/results.json and benchmarks/out/benchmarks.png.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 import corpus
 import report
 import servers
-from harness import WORKLOADS, Comparison, Config, Result, check_same_payload, run_config
+from harness import WORKLOADS, Comparison, Config, Result, check_same_payload, merge, run_config
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=corpus.CorpusSpec.shards)
     parser.add_argument("--workers", default="1,2,4",
                         help="DataLoader/WebLoader worker counts (decode; remote always uses 2 and 8)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="fresh processes per config, run in turns across the configs: the headline is the median first pass")
     parser.add_argument("--quick", action="store_true", help="small corpus, 1 repetition: a smoke test")
     parser.add_argument("--only", default="", help="run only configurations whose 'section/name' contains this")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per config")
@@ -93,6 +96,7 @@ def machine_meta(args: argparse.Namespace, urls: list[str]) -> dict:
         "shards": len(urls),
         "corpus_mb": round(sum(os.path.getsize(u) for u in urls) / 1e6, 1),
         "repeat": args.repeat,
+        "processes": args.processes,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -102,7 +106,8 @@ def header_line(meta: dict) -> str:
     line = (f"cores={meta['cores']} python={meta['python']} torch={meta['torch']} "
             f"webdataset={meta['webdataset']} shardstream={meta['shardstream']} ({meta['git']}) | "
             f"corpus {meta['samples']} samples / {meta['shards']} shards / {meta['corpus_mb']} MB | "
-            f"first pass of a fresh process, best of {meta['repeat']} beside it")
+            + (f"first pass of a fresh process, best of {meta['repeat']} beside it" if meta.get("processes", 1) == 1 else
+               f"median first pass of {meta['processes']} fresh processes, best of {meta['processes']}x{meta['repeat']} beside it"))
     if "http" in meta:
         http = meta["http"]
         line += (f" | http: {http['latency_ms']:g} ms to first byte, "
@@ -173,21 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.source == "http" for c in configs):
         meta["http"] = {"latency_ms": servers.HTTP_LATENCY_MS, "bandwidth": servers.HTTP_BANDWIDTH}
     corpus_bytes = sum(os.path.getsize(u) for u in urls)
-    results = []
+    runs: dict[str, list[Result]] = {config.key: [] for config in configs}
     with contextlib.ExitStack() as stack:
         remotes, failed_sources = start_servers(stack, {c.source for c in configs}, urls)
-        for config in configs:
-            print(f"running {config.workload}/{config.name} ...", end=" ", flush=True)
-            reason = cannot_run(config, failed_sources)
-            if reason is not None:
-                result = Result(config, error=reason, corpus_bytes=corpus_bytes)
-            else:
-                remote = remotes[config.source]
-                result = run_config(config, remote.urls, repeat=args.repeat, expected_samples=args.samples,
-                                    timeout_s=args.timeout, warm=urls, env=remote.env,
-                                    corpus_bytes=corpus_bytes)
-            print(f"FAILED: {result.error}" if result.error else f"{result.rate:,.0f} samples/s", flush=True)
-            results.append(result)
+        for turn in range(args.processes):  # in turns, so that a drift of the machine touches every config alike
+            for config in configs:
+                suffix = f" ({turn + 1}/{args.processes})" if args.processes > 1 else ""
+                print(f"running {config.workload}/{config.name}{suffix} ...", end=" ", flush=True)
+                reason = cannot_run(config, failed_sources)
+                if reason is not None:
+                    result = Result(config, error=reason, corpus_bytes=corpus_bytes)
+                else:
+                    remote = remotes[config.source]
+                    result = run_config(config, remote.urls, repeat=args.repeat, expected_samples=args.samples,
+                                        timeout_s=args.timeout, warm=urls, env=remote.env,
+                                        corpus_bytes=corpus_bytes)
+                print(f"FAILED: {result.error}" if result.error else f"{result.rate:,.0f} samples/s", flush=True)
+                runs[config.key].append(result)
+    results = [merge(runs[config.key]) for config in configs]
     check_same_payload(results)
     header = header_line(meta)
     print()
