@@ -21,7 +21,7 @@ def shards(tmp_path):
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(raw[: len(raw) // 2 + 100])
     corrupt = str(tmp_path / "corrupt.tar")
-    offset6 = corrupt_header(good1, corrupt, 6)  # the third sample's first header
+    offset6 = corrupt_header(good1, corrupt, 6)  # the second sample's third member (4 members a sample)
     notar = tmp_path / "notar.tar"
     notar.write_bytes(b"<html>not a tar file</html>" * 40)
     empty = tmp_path / "empty.tar"
