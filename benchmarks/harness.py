@@ -156,6 +156,7 @@ class Result:
     config: Config
     reps: list[Rep] = field(default_factory=list)
     firsts: list[Rep] = field(default_factory=list)  # the first pass of each fresh process
+    passes_per_process: list[int] = field(default_factory=list)  # how `reps` splits by process
     setup_s: float = 0.0
     error: Optional[str] = None
     corpus_bytes: int = 0
@@ -237,6 +238,7 @@ class Result:
             "setup_s": self.setup_s,
             "reps": [asdict(r) for r in self.reps],
             "firsts": [asdict(r) for r in self.firsts],
+            "passes_per_process": self.passes_per_process,
             "stats": self.stats,
             "summary": None if first is None else {
                 "samples_per_s": self.rate,
@@ -253,14 +255,19 @@ class Result:
 
 def merge(runs: list[Result]) -> Result:
     """One configuration's results from several fresh processes as one: every pass, the first pass
-    of each process (the headline is their median), the last process's stats; failed when any was."""
+    of each process (the headline is the median one, every first-pass column included), the slowest
+    set-up, the last process's stats. Failed when any process failed: the error says which."""
+    if not runs:
+        raise ValueError("merge() needs at least one result")
     merged = Result(runs[0].config, corpus_bytes=runs[0].corpus_bytes)
-    for run in runs:
+    for index, run in enumerate(runs):
         merged.reps += run.reps
         merged.firsts += run.firsts or run.reps[:1]
+        merged.passes_per_process.append(len(run.reps))
         merged.setup_s = max(merged.setup_s, run.setup_s)
         merged.stats = run.stats or merged.stats
-        merged.error = merged.error or run.error
+        if run.error and not merged.error:
+            merged.error = run.error if len(runs) == 1 else f"process {index + 1}/{len(runs)}: {run.error}"
     return merged
 
 

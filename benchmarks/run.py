@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help="run only configurations whose 'section/name' contains this")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per config")
     args = parser.parse_args(argv)
+    if args.processes < 1:
+        parser.error("--processes must be >= 1")
     if args.quick:
         vars(args).update(QUICK)
     args.workers = [int(n) for n in args.workers.split(",") if n.strip()]
