@@ -91,6 +91,9 @@ def test_processes_started_together_download_each_shard_once(server, files, tmp_
     # Each shard's bytes crossed the wire once between all the processes (not once per process) ...
     assert sum(sizes.values()) <= after.bytes_sent - before.bytes_sent < sum(sizes.values()) + (256 << 10)
     requests = {name: after.path_requests[name] - before.path_requests[name] for name in NAMES}
+    probes = {name: after.size_probes[name] - before.size_probes[name] for name in NAMES}
+    assert all(n <= 1 for n in probes.values()), probes  # (at most one byte, for the size, by the one downloader)
+    requests = {name: requests[name] - probes[name] for name in NAMES}
     if parallel_parts == 1:  # ... in one GET per shard
         assert requests == dict.fromkeys(NAMES, 1)
     else:  # ... in the ranged parts of one download: at most one request per MiB

@@ -225,10 +225,12 @@ def test_the_shard_being_read_gets_the_connections(tmp_path, budget):
         samples = iter(wds.WebDataset(urls, shardshuffle=False, fetch_options=options, shards_in_flight=8))
         keys = [next(samples)["__key__"]]
         time.sleep(0.5)  # the reader holds one sample; the stages ahead fill their queues
-        early = server.stats.snapshot().path_requests
+        snapshot = server.stats.snapshot()
+        early = snapshot.path_requests - snapshot.size_probes  # (a Counter: what asked for the bytes)
         keys += [sample["__key__"] for sample in samples]
     assert early["s0.tar"] >= 4  # the shard being read: ranged parts
-    assert early["s2.tar"] == early["s3.tar"] == 0  # far beyond the window: not a byte asked for
+    assert early["s2.tar"] == early["s3.tar"] == 0  # far beyond the window: at most the size asked for
+    assert snapshot.size_probes["s2.tar"] <= 1
     assert len(keys) == 4 * 1024 and len(set(keys)) == len(keys)
 
 
@@ -255,3 +257,28 @@ def test_two_readers_in_one_process_share_the_budget_and_both_finish(tmp_path, b
             keys += [a["__key__"], b["__key__"]]
             assert a["bin"] == b["bin"] == payload
     assert len(keys) == 2 * 512 and len(set(keys)) == len(keys)
+
+
+@pytest.mark.timeout(60)
+def test_shards_opened_together_learn_their_sizes_together(tmp_path, budget):
+    """Six small shards opened at once behind a 200 ms time to first byte: each may place its parts
+    in the window only once the shards before it said their size, and without asking for it each
+    learned it from its own first part, one after the other (six round trips: >= 1.2 s). Each asks
+    for one byte at once instead: about two round trips for the whole pass."""
+    import shardstream as wds
+
+    names = [f"t{i}.tar" for i in range(6)]
+    for name in names:
+        with wds.TarWriter(str(tmp_path / name)) as sink:
+            for k in range(32):  # ~150 KiB: three parts each
+                sink.write({"__key__": f"{name[:2]}-{k:03d}", "bin": bytes(4 * KIB)})
+    options = FetchOptions(part_size=PART, part_budget=64 * PART, parallel_parts=8, stall_timeout=5)
+    with ShardServer(tmp_path, latency_ms=200) as server:
+        urls = [server.url(name) for name in names]
+        list(wds.WebDataset(urls[:1], shardshuffle=False, fetch_options=options))  # (connections, imports)
+        started = time.perf_counter()
+        keys = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, fetch_options=options,
+                                                     shards_in_flight=8)]
+        elapsed = time.perf_counter() - started
+    assert len(keys) == 6 * 32 and len(set(keys)) == len(keys)
+    assert elapsed < 6 * 0.2, f"{elapsed:.2f} s: the sizes came one round trip after another"

@@ -52,7 +52,9 @@ def _keys(dataset):
 
 
 def _shard_requests(server):
-    return {path: n for path, n in server.stats.snapshot().path_requests.items() if path.endswith(".tar")}
+    """Requests for each shard's bytes (a one-byte size probe, `_fetch.parts._learn_size`, not counted)."""
+    stats = server.stats.snapshot()
+    return {path: n - stats.size_probes[path] for path, n in stats.path_requests.items() if path.endswith(".tar")}
 
 
 def test_one_rank_reads_nothing_to_split(monkeypatch, server):

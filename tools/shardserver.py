@@ -81,6 +81,7 @@ _PACING_SLICE = 0.05
 # Seconds to let in-flight responses finish at shutdown: tests stall some on purpose.
 _SHUTDOWN_GRACE = 0.5
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)", re.ASCII)
+_ONE_BYTE = re.compile(r"bytes=(\d+)-\1", re.ASCII)  # a range of one byte: a client asking for the size
 
 
 def _opt(default: Any, parse: Callable[[str], Any] | type, help: str) -> Any:
@@ -186,16 +187,20 @@ class ServerStats:
     range_requests: int = 0  # requests that carried a Range header, satisfiable or not
     bytes_sent: int = 0  # body bytes handed to the socket
     path_requests: Counter = field(default_factory=Counter)  # URL path (no leading /) -> requests
+    size_probes: Counter = field(default_factory=Counter)  # path -> GETs of one byte (a client learning the size)
     statuses: Counter = field(default_factory=Counter)  # HTTP status -> responses
     faults: Counter = field(default_factory=Counter)  # fault kind -> times injected
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def record_request(self, path: str, method: str, has_range: bool) -> None:
+    def record_request(self, path: str, method: str, range_header: str | None) -> None:
+        probe = range_header is not None and _ONE_BYTE.fullmatch(range_header.strip()) is not None
         with self._lock:
             self.requests += 1
             self.head_requests += method == "HEAD"
-            self.range_requests += has_range
+            self.range_requests += range_header is not None
             self.path_requests[path] += 1
+            if probe and method == "GET":
+                self.size_probes[path] += 1
 
     def record_status(self, status: int) -> None:
         with self._lock:
@@ -214,6 +219,7 @@ class ServerStats:
             copy = ServerStats(self.requests, self.head_requests, self.range_requests)
             copy.bytes_sent = self.bytes_sent
             copy.path_requests.update(self.path_requests)
+            copy.size_probes.update(self.size_probes)
             copy.statuses.update(self.statuses)
             copy.faults.update(self.faults)
             return copy
@@ -221,7 +227,7 @@ class ServerStats:
     def reset(self) -> None:
         with self._lock:
             self.requests = self.head_requests = self.range_requests = self.bytes_sent = 0
-            for counter in (self.path_requests, self.statuses, self.faults):
+            for counter in (self.path_requests, self.size_probes, self.statuses, self.faults):
                 counter.clear()
 
 
@@ -251,7 +257,7 @@ class _FileHandler:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         opts = self.options  # one options object per request, even if `server.options` is swapped
         rel_path = request.match_info["path"]
-        self.stats.record_request(rel_path, request.method, hdrs.RANGE in request.headers)
+        self.stats.record_request(rel_path, request.method, request.headers.get(hdrs.RANGE))
         if opts.latency_ms:
             await asyncio.sleep(opts.latency_ms / 1000)
         try:

@@ -32,8 +32,9 @@ class FetchOptions:
             part, the bytes are fetched as consecutive parts with parallel Range requests and
             handed on strictly in order: this gets past per-connection bandwidth caps. Which
             parts download is decided for the whole process (see `_fetch.parts`): the bytes each
-            reader needs soonest first, within `part_budget` of its position. Costs no extra
-            request (the first part's response tells the size).
+            reader needs soonest first, within `part_budget` of its position. The first part's
+            response tells the size (a stream opened behind one whose size is not known yet asks
+            for one byte at once, to learn its own).
         part_size: bytes per part; None (the default) chooses from what the transfers show:
             2 x time to first byte x per-connection rate, no more than `part_budget` spread over
             `parallel_parts`, within 512 KiB-8 MiB (2 MiB to begin with).
