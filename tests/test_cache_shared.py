@@ -90,10 +90,9 @@ def test_processes_started_together_download_each_shard_once(server, files, tmp_
     sizes = {name: len(files[1][name]) for name in NAMES}
     # Each shard's bytes crossed the wire once between all the processes (not once per process) ...
     assert sum(sizes.values()) <= after.bytes_sent - before.bytes_sent < sum(sizes.values()) + (256 << 10)
-    requests = {name: after.path_requests[name] - before.path_requests[name] for name in NAMES}
     probes = {name: after.size_probes[name] - before.size_probes[name] for name in NAMES}
     assert all(n <= 1 for n in probes.values()), probes  # (at most one byte, for the size, by the one downloader)
-    requests = {name: requests[name] - probes[name] for name in NAMES}
+    requests = {name: after.fetches[name] - before.fetches[name] for name in NAMES}  # (the probes aside)
     if parallel_parts == 1:  # ... in one GET per shard
         assert requests == dict.fromkeys(NAMES, 1)
     else:  # ... in the ranged parts of one download: at most one request per MiB
@@ -148,9 +147,8 @@ def test_a_writer_killed_mid_shard_is_taken_over(server, files, tmp_path):
     downloads = sum(r["stats"]["origin"]["fetches"] for r in results)
     assert downloads == 2, [r["stats"] for r in results]
     after = server.stats.snapshot()
-    fetched = {n: (after.path_requests[n] - after.size_probes[n]) - (before.path_requests[n] - before.size_probes[n])
-               for n in names}  # (a one-byte size probe, `_fetch.parts`, aside)
-    assert fetched == dict.fromkeys(names, 2)
+    # (a one-byte size probe, `_fetch.parts`, aside)
+    assert {n: after.fetches[n] - before.fetches[n] for n in names} == dict.fromkeys(names, 2)
     assert _leftovers(cache_dir) == []  # the victim's temp file and log were cleaned up
     for name, url in zip(names, urls):
         with open(os.path.join(cache_dir, cache_file_name(url)), "rb") as f:

@@ -339,13 +339,15 @@ def test_options_are_validated_on_every_assignment():
 def test_stats_count_requests_bytes_and_statuses(server):
     request(server, f"/{SHARD}")
     request(server, f"/{SHARD}", headers={"Range": "bytes=0-99"})
+    request(server, f"/{SHARD}", headers={"Range": "bytes=7-7"})  # a client asking for the size
     request(server, f"/{SHARD}", method="HEAD")
-    request(server, "/nope")
+    request(server, "/nope")  # (no body last: a body is counted after the write, which the client may see first)
     stats = server.stats.snapshot()
-    assert stats.requests == 4 and stats.range_requests == 1 and stats.head_requests == 1
-    assert stats.bytes_sent == len(SHARD_BYTES) + 100
-    assert stats.path_requests == {SHARD: 3, "nope": 1}
-    assert stats.statuses == {200: 2, 206: 1, 404: 1}
+    assert stats.requests == 5 and stats.range_requests == 2 and stats.head_requests == 1
+    assert stats.bytes_sent == len(SHARD_BYTES) + 100 + 1
+    assert stats.path_requests == {SHARD: 4, "nope": 1}
+    assert stats.size_probes == {SHARD: 1} and stats.fetches == {SHARD: 3, "nope": 1}
+    assert stats.statuses == {200: 2, 206: 2, 404: 1}
     assert stats.faults == {}
 
 

@@ -53,8 +53,7 @@ def _keys(dataset):
 
 def _shard_requests(server):
     """Requests for each shard's bytes (a one-byte size probe, `_fetch.parts._learn_size`, not counted)."""
-    stats = server.stats.snapshot()
-    return {path: n - stats.size_probes[path] for path, n in stats.path_requests.items() if path.endswith(".tar")}
+    return {path: n for path, n in server.stats.snapshot().fetches.items() if path.endswith(".tar")}
 
 
 def test_one_rank_reads_nothing_to_split(monkeypatch, server):
@@ -63,7 +62,8 @@ def test_one_rank_reads_nothing_to_split(monkeypatch, server):
     it = iter(ds)
     next(it)
     assert "sizes.json" not in server.stats.snapshot().path_requests  # not even a sizes.json probe
-    assert all(n <= 1 for n in _shard_requests(server).values())  # no shard read twice (its size probe aside)
+    assert all(n == 1 for n in _shard_requests(server).values())  # no shard read twice (its size probe aside)
+    assert all(n <= 1 for n in server.stats.snapshot().size_probes.values())
     rest = [s["__key__"] for s in it]
     assert len(rest) == sum(SIZES) - 1
     assert _shard_requests(server) == {f"part-{n}.tar": 1 for n in range(len(SIZES))}
@@ -84,7 +84,8 @@ def test_remote_shards_without_counts_split_like_webdataset(monkeypatch, server)
         with pytest.warns(UserWarning, match="shardstream index"):
             it = iter(ds)
             first = next(it)
-        assert set(_shard_requests(server)) <= names  # no counting pass before the first sample
+        # no counting pass before the first sample (not even a size probe of another rank's shard)
+        assert {p for p in server.stats.snapshot().path_requests if p.endswith(".tar")} <= names
         assert [first["__key__"]] + [s["__key__"] for s in it] == expected
         assert _shard_requests(server) == dict.fromkeys(names, 1)
 

@@ -202,6 +202,12 @@ class ServerStats:
             if probe and method == "GET":
                 self.size_probes[path] += 1
 
+    @property
+    def fetches(self) -> Counter:
+        """path -> requests for its bytes: `path_requests` less the one-byte size probes (paths
+        asked only for their size are left out)."""
+        return self.path_requests - self.size_probes
+
     def record_status(self, status: int) -> None:
         with self._lock:
             self.statuses[status] += 1
