@@ -282,3 +282,63 @@ def test_shards_opened_together_learn_their_sizes_together(tmp_path, budget):
         elapsed = time.perf_counter() - started
     assert len(keys) == 6 * 32 and len(set(keys)) == len(keys)
     assert elapsed < 6 * 0.2, f"{elapsed:.2f} s: the sizes came one round trip after another"
+
+
+def test_a_window_follows_what_its_reader_consumes(monkeypatch):
+    """Twice the bytes consumed per part latency; doubling (once per latency) while the reader
+    waits for bytes still downloading; narrowing by at most exp(-t / NARROWING); within the floor
+    and the budget."""
+    tuning = parts._Tuning()
+    tuning.latency = 0.1
+    monkeypatch.setattr(parts, "_tuning", tuning)
+    mib, limit = 1 << 20, 64 << 20
+    reader = parts._Reader(window=16 * mib, floor=4 * mib)
+    assert reader.starve(limit, now=0.0) is False  # nothing consumed yet: waiting says nothing
+    reader.consume(mib, limit, now=0.0)  # the first bytes: the clock starts
+    assert reader.window == 16 * mib
+    reader.consume(9 * mib, limit, now=0.05)  # (less than a latency: not measured yet)
+    reader.consume(1 * mib, limit, now=0.1)  # 10 MiB in 0.1 s: 2 x 0.1 s x 100 MiB/s
+    assert reader.window == 20 * mib
+    assert reader.starve(limit, now=0.15) is True and reader.window == 40 * mib
+    assert reader.starve(limit, now=0.2) is False  # once per latency
+    assert reader.starve(limit, now=0.26) is True and reader.window == limit
+    windows = []
+    for step in range(1, 31):  # then it consumes 0.1 MiB per 0.1 s: the window narrows, slowly
+        reader.consume(mib // 10, limit, now=0.3 + 0.1 * step)
+        windows.append(reader.window)
+    assert windows[3] > limit / 2  # 0.6 s after the last measure: at most halved in ~0.7 s
+    assert windows[-1] == 4 * mib  # down to the floor
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_reader_keeps_a_small_window_a_fast_one_widens_it(tmp_path, budget, monkeypatch):
+    """Through gopen: a reader that consumes 10 MB/s keeps the server about its window (and the
+    stream's buffer) ahead of it, not the whole 64 MiB budget (which holds the whole object: the
+    server ran 12 MiB ahead before windows followed their readers); one that reads as fast as it
+    can widens its window towards the budget."""
+    import shardstream as wds
+
+    mib = 1 << 20
+    monkeypatch.setattr(parts, "_tuning", parts._Tuning())
+    monkeypatch.setattr(parts, "DEFAULT_PART", 128 * KIB)
+    monkeypatch.setattr(parts, "START_WINDOW", mib)
+    monkeypatch.setattr(parts, "MIN_WINDOW", mib // 2)
+    root, data = write_files(tmp_path, {"slow.bin": 12 * mib, "fast.bin": 12 * mib})
+    with ShardServer(root, latency_ms=20) as server:
+        server.options.bandwidth = 8e6
+        lead, got = 0, bytearray()
+        with wds.gopen(server.url("slow.bin")) as stream:
+            started = time.perf_counter()
+            while chunk := stream.read(160 * KIB):
+                got += chunk
+                lead = max(lead, server.stats.bytes_sent - len(got))
+                time.sleep(max(0.0, started + len(got) / 10e6 - time.perf_counter()))
+        assert bytes(got) == data["slow.bin"]
+        slow_start = parts._budget._start  # the window the slow reader ended with
+        with wds.gopen(server.url("fast.bin")) as stream:
+            assert stream.read() == data["fast.bin"]
+    # the stream's buffer (prefetch_bytes, 2 MiB) + the window: 1 MiB to begin with, ~4 MiB at most
+    # (its buffer filling looks like a burst of 2 MiB in a latency), then narrowing to the floor
+    assert lead <= 6 * mib, f"the server ran {lead / mib:.1f} MiB ahead of a 10 MB/s reader"
+    assert slow_start <= 4 * mib
+    assert parts._budget._start >= 8 * mib  # the fast reader widened its window

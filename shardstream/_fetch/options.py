@@ -39,8 +39,9 @@ class FetchOptions:
             2 x time to first byte x per-connection rate, no more than `part_budget` spread over
             `parallel_parts`, within 512 KiB-8 MiB (2 MiB to begin with).
         part_budget: bytes that parts not yet being read may hold, for the whole process (the
-            largest value any stream asked for); also how far ahead of its reader's position a
-            part may be.
+            largest value any stream asked for); also the most a reader's window may reach (how
+            far ahead of its position parts download: sized to what the reader consumes, twice
+            its bytes per part latency, doubling while it waits; 16 MiB to begin with).
     """
 
     connect_timeout: float = 10.0
