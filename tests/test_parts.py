@@ -312,33 +312,50 @@ def test_a_window_follows_what_its_reader_consumes(monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_a_slow_reader_keeps_a_small_window_a_fast_one_widens_it(tmp_path, budget, monkeypatch):
-    """Through gopen: a reader that consumes 10 MB/s keeps the server about its window (and the
-    stream's buffer) ahead of it, not the whole 64 MiB budget (which holds the whole object: the
-    server ran 12 MiB ahead before windows followed their readers); one that reads as fast as it
-    can widens its window towards the budget."""
-    import shardstream as wds
-
+    """A reader that consumes 8 MB/s, from a server 20 ms + 128 KiB / 8 MB/s away (~2 x 0.05 s x
+    8 MB/s = 0.8 MB wanted), keeps a window near its 1 MiB floor, and the server about that window
+    and the stream's buffer ahead of it, not the whole 64 MiB budget (which holds the whole object:
+    the server ran ~10.5 MiB ahead before windows followed their readers). One that reads as fast as
+    it can waits for parts its window let start late, and its window widens."""
     mib = 1 << 20
     monkeypatch.setattr(parts, "_tuning", parts._Tuning())
-    monkeypatch.setattr(parts, "DEFAULT_PART", 128 * KIB)
     monkeypatch.setattr(parts, "START_WINDOW", mib)
-    monkeypatch.setattr(parts, "MIN_WINDOW", mib // 2)
+    monkeypatch.setattr(parts, "MIN_WINDOW", mib)
+    starved = []
+    starve = parts._Reader.starve
+    monkeypatch.setattr(parts._Reader, "starve", lambda self, *a: starved.append(starve(self, *a)) or starved[-1])
+    options = FetchOptions(part_size=128 * KIB, prefetch_bytes=256 * KIB, chunk_size=64 * KIB, parallel_parts=128,
+                           stall_timeout=5)
+
+    def windows():
+        return max([0] + [reader.window for reader in list(parts._budget._readers.values())])
+
     root, data = write_files(tmp_path, {"slow.bin": 12 * mib, "fast.bin": 12 * mib})
     with ShardServer(root, latency_ms=20) as server:
         server.options.bandwidth = 8e6
-        lead, got = 0, bytearray()
-        with wds.gopen(server.url("slow.bin")) as stream:
+        lead, slow_window, got = 0, 0, bytearray()
+        stream = open_stream(server.url("slow.bin"), options=options)
+        try:
             started = time.perf_counter()
-            while chunk := stream.read(160 * KIB):
+            for chunk in stream:
                 got += chunk
                 lead = max(lead, server.stats.bytes_sent - len(got))
-                time.sleep(max(0.0, started + len(got) / 10e6 - time.perf_counter()))
+                slow_window = max(slow_window, windows())
+                time.sleep(max(0.0, started + len(got) / 8e6 - time.perf_counter()))
+        finally:
+            stream.close()
         assert bytes(got) == data["slow.bin"]
-        slow_start = parts._budget._start  # the window the slow reader ended with
-        with wds.gopen(server.url("fast.bin")) as stream:
-            assert stream.read() == data["fast.bin"]
-    # the stream's buffer (prefetch_bytes, 2 MiB) + the window: 1 MiB to begin with, ~4 MiB at most
-    # (its buffer filling looks like a burst of 2 MiB in a latency), then narrowing to the floor
-    assert lead <= 6 * mib, f"the server ran {lead / mib:.1f} MiB ahead of a 10 MB/s reader"
-    assert slow_start <= 4 * mib
-    assert parts._budget._start >= 8 * mib  # the fast reader widened its window
+        del starved[:]
+        fast_window, got = 0, bytearray()
+        stream = open_stream(server.url("fast.bin"), options=options)
+        try:
+            for chunk in stream:
+                got += chunk
+                fast_window = max(fast_window, windows())
+        finally:
+            stream.close()
+        assert bytes(got) == data["fast.bin"]
+    assert slow_window <= 4 * mib, f"an 8 MB/s reader's window reached {slow_window / mib:.1f} MiB"
+    # its window + the stream's buffer (256 KiB) + the part arriving + a chunk
+    assert lead <= 5 * mib, f"the server ran {lead / mib:.1f} MiB ahead of an 8 MB/s reader"
+    assert True in starved and fast_window >= 2 * slow_window  # the fast reader widened its window

@@ -41,7 +41,9 @@ class FetchOptions:
         part_budget: bytes that parts not yet being read may hold, for the whole process (the
             largest value any stream asked for); also the most a reader's window may reach (how
             far ahead of its position parts download: sized to what the reader consumes, twice
-            its bytes per part latency, doubling while it waits; 16 MiB to begin with).
+            its bytes per part latency, doubling while it waits; a pass starts with 16 MiB, or
+            with the window the previous pass paused with if that is larger). A stream's
+            buffer (`prefetch_bytes`) is beyond the window.
     """
 
     connect_timeout: float = 10.0

@@ -4,15 +4,16 @@ A server that caps each connection (object stores, CDNs: ~25-100 MB/s each) is o
 many connections. A reader, though, consumes shards one after the other, in order. So every
 stream is cut into parts (Range requests), and one process-wide `PartBudget` decides which parts
 download: the ones the reader needs soonest first (streams in the order they were opened, parts
-in byte order). A part is granted only when it lies within its reader's window (at most
-`budget` bytes, see below) of the reader's position, counting the rest of every stream that reader reads before it (a stream opened ahead
-waits until the streams before it have said their size and the reader is near its start; one
-opened while a size before it is unknown asks for one byte at once to learn its own), and
-while the bytes granted to all readers fit in `budget`. So what the budget holds is always the
-bytes each reader needs next: never the heads of shards opened far ahead while the shard being
-read waits for connections. The part at the front of each stream (the next bytes its reader
-wants) never waits for the budget and is not counted in it, so the reader always makes progress;
-memory stays within budget plus one front part per stream being read.
+in byte order). A part is granted only when it lies within its reader's window (at most `budget`
+bytes, see below) of the reader's position, counting the rest of every stream that reader reads
+before it (a stream opened ahead waits until the streams before it have said their size and the
+reader is near its start; one opened while a size before it is unknown asks for one byte at once
+to learn its own), and while the bytes granted to all readers fit in `budget`. So what the
+budget holds is always the bytes each reader needs next: never the heads of shards opened far
+ahead while the shard being read waits for connections. The part at the front of each stream
+(the next bytes its reader wants) never waits for the budget and is not counted in it, so the
+reader always makes progress; memory stays within budget plus one front part per stream being
+read.
 
 Which front is free is decided by demand, not position: a stream's front part waits for the
 budget like any other until the stream's consumer blocks on it (`Demand`, signalled by the
@@ -149,9 +150,10 @@ class _Reader:
 
     The window follows what the reader consumes, as TCP's receive-buffer autotuning does: once per
     part latency (grant to last byte) it is set to twice the bytes the reader consumed per latency,
-    within `floor` and the budget. It doubles instead when the reader had to wait for bytes not
-    there yet in that time (the window held it back: a fast reader reaches the budget within a few
-    latencies), and it narrows by at most half in ~0.7 s (a lull, a burst). So a reader that
+    within `floor` and the budget (consumed: handed on from the stream being read into its buffer).
+    It doubles, at most once per latency, whenever the reader waits for bytes still downloading (the
+    window holds it back: a fast reader reaches the budget within a few latencies), and it narrows
+    by at most half in ~0.7 s (a lull, a burst). So a reader that
     consumes slowly (decoding, a training step) keeps a small window, and its parts arrive about
     when it needs them instead of waiting in memory."""
 
@@ -199,11 +201,11 @@ def _latency() -> float:
 class PartBudget:
     """Bytes that parts behind the front of their stream may hold, granted in reading order.
 
-    A waiting part is granted when it lies within `limit` bytes of its reader's position (see the
-    module's docstring) and, strict priority, when every part that will be read before it and is
-    not held back by its own reader's window has been granted, within `limit` bytes in all. Parts
-    promoted to the front of their stream are granted at once and hold nothing. Runs on the event
-    loop (not thread-safe: every caller is a coroutine on the same loop).
+    A waiting part is granted when it lies within its reader's window (at most `limit` bytes) of the
+    reader's position (see the module's docstring) and, strict priority, when every part that will
+    be read before it and is not held back by its own reader's window has been granted, within
+    `limit` bytes in all. Parts promoted to the front of their stream are granted at once and hold
+    nothing. Runs on the event loop (not thread-safe: every caller is a coroutine on the same loop).
     """
 
     def __init__(self, limit: int) -> None:
@@ -211,13 +213,15 @@ class PartBudget:
         self.used = 0
         self._waiting: List[list] = []  # [key, bytes, future, part], granted ones dropped
         self._readers: Dict[Any, _Reader] = {}  # by reader key: its open streams and its window
-        self._start = START_WINDOW  # a new reader's window: the last one a reader ended with
+        self._start = START_WINDOW  # a new reader's window: where the last pass (a grouped reader) paused
 
     def open(self, group: Any, start: int, part_size: int = DEFAULT_PART) -> _Reading:
         """Register a stream of reader `group` (None: a reader of its own), read after the ones
         before, in parts of about `part_size`."""
         now = time.perf_counter()
-        for key in [k for k, r in self._readers.items() if r.idle_since is not None and now - r.idle_since > IDLE_READER]:
+        idle = [key for key, reader in self._readers.items()
+                if reader.idle_since is not None and now - reader.idle_since > IDLE_READER]
+        for key in idle:
             del self._readers[key]
         reading = _Reading(group, start)
         floor = max(MIN_WINDOW, 2 * part_size)
@@ -235,17 +239,12 @@ class PartBudget:
         if reader is not None and reading in reader.streams:
             reader.streams.remove(reading)
             if not reader.streams:
-                self._start = max(START_WINDOW, reader.window)  # (the next pass starts where this one is)
                 if reading.group is None:
                     del self._readers[reading.reader]  # a reader of its own: done
                 else:  # its next shard may open a moment later: it keeps its window a while
                     reader.idle_since = time.perf_counter()
+                    self._start = max(START_WINDOW, reader.window)  # (and the next pass starts there)
         self._grant()
-
-    def window(self, group: Any) -> Optional[int]:
-        """The window of reader `group` now, in bytes (None: no such reader)."""
-        reader = self._readers.get(group)
-        return None if reader is None else min(self.limit, reader.window)
 
     def unsized_before(self, reading: _Reading) -> bool:
         """Whether a stream that `reading`'s reader reads before it has not said its size yet."""
@@ -290,13 +289,16 @@ class PartBudget:
         """The stream's reader has consumed it up to `position`: its window moves on (and is
         resized to what the reader consumes)."""
         reader = self._readers.get(reading.reader)
-        if reader is not None and position > reading.read_to:
+        if reader is not None and position > reading.read_to and reader.streams and reader.streams[0] is reading:
+            # (only the stream being read: one opened ahead fills its buffer long before its reader gets there)
             reader.consume(position - reading.read_to, self.limit, time.perf_counter())
         reading.read_to = position
         self._grant()
 
     def starve(self, reading: _Reading) -> None:
-        """The stream's reader waits for bytes that are still downloading: its window widens."""
+        """The stream's reader waits for a part its window let start less than a latency ago (or
+        not yet): its window widens. (A part that started long ago and is late is the server's
+        doing: a wider window would not have helped.)"""
         reader = self._readers.get(reading.reader)
         if reader is not None and reader.starve(self.limit, time.perf_counter()):
             self._grant()
@@ -373,7 +375,7 @@ class _Part:
     """One byte range [start, stop) downloading on its own connection into a list of chunks."""
 
     __slots__ = ("start", "stop", "key", "reading", "chunks", "received", "done", "error", "event", "task",
-                 "promoted", "held", "waiter")
+                 "promoted", "held", "waiter", "granted")
 
     def __init__(self, start: int, stop: int, key: Tuple[int, int], reading: Optional[_Reading] = None) -> None:
         self.start, self.stop, self.key, self.reading = start, stop, key, reading
@@ -386,6 +388,7 @@ class _Part:
         self.promoted = False
         self.held = 0
         self.waiter: Optional[list] = None
+        self.granted: Optional[float] = None  # when it could start downloading
 
     @property
     def size(self) -> int:
@@ -394,7 +397,7 @@ class _Part:
     async def run(self, url: str, options: Any, ranged: Callable[..., AsyncGenerator[bytes, None]], budget: PartBudget) -> None:
         try:
             await budget.acquire(self)
-            started = time.perf_counter()
+            self.granted = started = time.perf_counter()
             first: Optional[float] = None
             chunks = ranged(url, options=options, start=self.start, stop=self.stop)
             try:
@@ -468,8 +471,9 @@ async def parallel_stream(
     def promote_front() -> None:
         if window:
             front = window[0]
-            if not front.done and not front.chunks:
-                budget.starve(reading)
+            if not front.done and not front.chunks and (front.granted is None or
+                                                         time.perf_counter() - front.granted < _latency()):
+                budget.starve(reading)  # the window held its part back until less than a latency ago
             budget.promote(front)
 
     if wanted is not None:
