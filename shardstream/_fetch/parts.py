@@ -52,6 +52,7 @@ import time
 from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Tuple
 
 from .._base.errors import FetchError
+from .options import fetch_stats
 
 __all__ = ["Demand", "PartBudget", "demand", "parallel_stream", "part_budget", "tuned_part_size"]
 
@@ -398,6 +399,7 @@ class _Part:
         try:
             await budget.acquire(self)
             self.granted = started = time.perf_counter()
+            retries = fetch_stats().retries
             first: Optional[float] = None
             chunks = ranged(url, options=options, start=self.start, stop=self.stop)
             try:
@@ -411,7 +413,10 @@ class _Part:
                 await chunks.aclose()
             if first is not None:
                 done = time.perf_counter()
-                _tuning.record(first - started, self.received, done - first, done - started)
+                # (a part that was retried, here or anywhere in the process, says little of the time
+                # parts take: its backoff would widen every window)
+                clean = fetch_stats().retries == retries
+                _tuning.record(first - started, self.received, done - first, done - started if clean else None)
         except Exception as exc:  # noqa: BLE001 - raised in order, when this part is at the front
             self.error = exc
         finally:
