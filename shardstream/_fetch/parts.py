@@ -22,12 +22,13 @@ A reader is a `Demand.group` (the loader gives each pass over a shard list its o
 without one are each a reader of their own.
 
 Each reader's window is sized to what it consumes (`_Reader`): twice the bytes it consumes in
-one part latency (grant to last byte), doubling whenever it waits for bytes still downloading,
-within `budget`. A reader that decodes at 90 MB/s behind 140 ms needs ~25 MB ahead, not the
-whole budget: parts waiting in memory for a slow reader only cost memory (on the benchmark's
-server, a decode pass over HTTP added 81-85 MB of PSS with it against 117 MB with the window at
-the budget; the fastest pipeline, whose window reaches the budget within ~0.3 s, lost 5-10% of
-its first pass to that ramp).
+one part latency (grant to last byte), doubling whenever it waits for a part the window let
+start late, within `budget`. A reader that decodes at 90 MB/s behind 140 ms needs ~25 MB ahead,
+not the whole budget: parts waiting in memory for a slow reader only cost memory (on the
+benchmark's server, a decode pass over HTTP added 80-85 MB of PSS with it against 117 MB with
+the window at the budget; the fastest pipelines, whose window reaches the budget within ~0.3 s,
+lost 3-10% of their first pass to that ramp; starting at 32 MiB won most of that back but the
+decode pass doubled to the budget early and added 113-115 MB again).
 
 The part size adapts to what the transfers show and to the budget. With `budget` bytes granted,
 throughput is about budget / (time-to-first-byte + part / per-connection rate) while the
@@ -152,11 +153,10 @@ class _Reader:
     The window follows what the reader consumes, as TCP's receive-buffer autotuning does: once per
     part latency (grant to last byte) it is set to twice the bytes the reader consumed per latency,
     within `floor` and the budget (consumed: handed on from the stream being read into its buffer).
-    It doubles, at most once per latency, whenever the reader waits for bytes still downloading (the
-    window holds it back: a fast reader reaches the budget within a few latencies), and it narrows
-    by at most half in ~0.7 s (a lull, a burst). So a reader that
-    consumes slowly (decoding, a training step) keeps a small window, and its parts arrive about
-    when it needs them instead of waiting in memory."""
+    It doubles, at most once per latency, whenever the reader waits for a part the window let start
+    late (a fast reader reaches the budget within a few latencies), and it narrows by at most half
+    in ~0.7 s (a lull, a burst). So a reader that consumes slowly (decoding, a training step) keeps
+    a small window, and its parts arrive about when it needs them instead of waiting in memory."""
 
     __slots__ = ("streams", "window", "floor", "consumed", "mark_time", "mark_bytes", "widened", "idle_since")
 
