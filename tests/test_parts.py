@@ -285,8 +285,8 @@ def test_shards_opened_together_learn_their_sizes_together(tmp_path, budget):
 
 
 def test_a_window_follows_what_its_reader_consumes(monkeypatch):
-    """Twice the bytes consumed per part latency; doubling (once per latency) while the reader
-    waits for bytes still downloading; narrowing by at most exp(-t / NARROWING); within the floor
+    """Twice the bytes consumed per part latency; doubling (once per latency) when the reader
+    waits for a part its window let start late (`parallel_stream` decides that); narrowing by at most exp(-t / NARROWING); within the floor
     and the budget."""
     tuning = parts._Tuning()
     tuning.latency = 0.1
@@ -313,10 +313,12 @@ def test_a_window_follows_what_its_reader_consumes(monkeypatch):
 @pytest.mark.timeout(60)
 def test_a_slow_reader_keeps_a_small_window_a_fast_one_widens_it(tmp_path, budget, monkeypatch):
     """A reader that consumes 8 MB/s, from a server 20 ms + 128 KiB / 8 MB/s away (~2 x 0.05 s x
-    8 MB/s = 0.8 MB wanted), keeps a window near its 1 MiB floor, and the server about that window
-    and the stream's buffer ahead of it, not the whole 64 MiB budget (which holds the whole object:
-    the server ran ~10.5 MiB ahead before windows followed their readers). One that reads as fast as
-    it can waits for parts its window let start late, and its window widens."""
+    8 MB/s = 0.8 MB wanted), keeps a window near its 1 MiB floor (2 MiB measured; the bounds leave
+    room for a doubling or two when a loaded machine stalls the reader), and the server about that
+    window and the stream's buffer ahead of it, not the whole 64 MiB budget (which holds nearly the
+    whole object: the server ran 14.6 MiB ahead before windows followed their readers, 1.9 MiB
+    after). One that reads as fast as it can waits for parts its window let start late, and its
+    window widens."""
     mib = 1 << 20
     monkeypatch.setattr(parts, "_tuning", parts._Tuning())
     monkeypatch.setattr(parts, "START_WINDOW", mib)
@@ -330,7 +332,7 @@ def test_a_slow_reader_keeps_a_small_window_a_fast_one_widens_it(tmp_path, budge
     def windows():
         return max([0] + [reader.window for reader in list(parts._budget._readers.values())])
 
-    root, data = write_files(tmp_path, {"slow.bin": 12 * mib, "fast.bin": 12 * mib})
+    root, data = write_files(tmp_path, {"slow.bin": 16 * mib, "fast.bin": 16 * mib})
     with ShardServer(root, latency_ms=20) as server:
         server.options.bandwidth = 8e6
         lead, slow_window, got = 0, 0, bytearray()
@@ -355,7 +357,7 @@ def test_a_slow_reader_keeps_a_small_window_a_fast_one_widens_it(tmp_path, budge
         finally:
             stream.close()
         assert bytes(got) == data["fast.bin"]
-    assert slow_window <= 4 * mib, f"an 8 MB/s reader's window reached {slow_window / mib:.1f} MiB"
+    assert slow_window <= 8 * mib, f"an 8 MB/s reader's window reached {slow_window / mib:.1f} MiB"
     # its window + the stream's buffer (256 KiB) + the part arriving + a chunk
-    assert lead <= 5 * mib, f"the server ran {lead / mib:.1f} MiB ahead of an 8 MB/s reader"
+    assert lead <= 9 * mib, f"the server ran {lead / mib:.1f} MiB ahead of an 8 MB/s reader"
     assert True in starved and fast_window >= 2 * slow_window  # the fast reader widened its window
