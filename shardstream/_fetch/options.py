@@ -42,7 +42,7 @@ class FetchOptions:
             largest value any stream asked for); also the most a reader's window may reach (how
             far ahead of its position parts download: sized to what the reader consumes, twice
             its bytes per part latency, doubling while it waits; a pass starts with 16 MiB, or
-            with the window the previous pass paused with if that is larger). A stream's
+            with the window a pass last paused with, if that is larger). A stream's
             buffer (`prefetch_bytes`) is beyond the window.
     """
 

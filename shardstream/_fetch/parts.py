@@ -25,9 +25,9 @@ Each reader's window is sized to what it consumes (`_Reader`): twice the bytes i
 one part latency (grant to last byte), doubling whenever it waits for a part the window let
 start late, within `budget`. A reader that decodes at 90 MB/s behind 140 ms needs ~25 MB ahead,
 not the whole budget: parts waiting in memory for a slow reader only cost memory (on the
-benchmark's server, a decode pass over HTTP added 80-85 MB of PSS with it against 117 MB with
+benchmark's server, a decode pass over HTTP added 79-85 MB of PSS with it against 117 MB with
 the window at the budget; the fastest pipelines, whose window reaches the budget within ~0.3 s,
-lost 3-10% of their first pass to that ramp; starting at 32 MiB won most of that back but the
+lost 4-12% of their first pass to that ramp in paired runs; starting at 32 MiB won most of that back but the
 decode pass doubled to the budget early and added 113-115 MB again).
 
 The part size adapts to what the transfers show and to the budget. With `budget` bytes granted,
@@ -153,8 +153,8 @@ class _Reader:
     The window follows what the reader consumes, as TCP's receive-buffer autotuning does: once per
     part latency (grant to last byte) it is set to twice the bytes the reader consumed per latency,
     within `floor` and the budget (consumed: handed on from the stream being read into its buffer).
-    It doubles, at most once per latency, whenever the reader waits for a part the window let start
-    late (a fast reader reaches the budget within a few latencies), and it narrows by at most half
+    It doubles, at most once per latency, whenever the reader waits for a part not granted yet or
+    granted late (a fast reader reaches the budget within a few latencies), and it narrows by at most half
     in ~0.7 s (a lull, a burst). So a reader that consumes slowly (decoding, a training step) keeps
     a small window, and its parts arrive about when it needs them instead of waiting in memory."""
 
@@ -297,8 +297,8 @@ class PartBudget:
         self._grant()
 
     def starve(self, reading: _Reading) -> None:
-        """The stream's reader waits for a part its window let start less than a latency ago (or
-        not yet): its window widens. (A part that started long ago and is late is the server's
+        """The stream's reader waits for a part granted less than a latency ago (or not yet: held
+        back by the window, the budget or an earlier stream's unknown size): its window widens. (A part that started long ago and is late is the server's
         doing: a wider window would not have helped.)"""
         reader = self._readers.get(reading.reader)
         if reader is not None and reader.starve(self.limit, time.perf_counter()):
