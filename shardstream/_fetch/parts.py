@@ -22,13 +22,13 @@ A reader is a `Demand.group` (the loader gives each pass over a shard list its o
 without one are each a reader of their own.
 
 Each reader's window is sized to what it consumes (`_Reader`): twice the bytes it consumes in
-one part latency (grant to last byte), doubling whenever it waits for a part the window let
-start late, within `budget`. A reader that decodes at 90 MB/s behind 140 ms needs ~25 MB ahead,
+one part latency (grant to last byte), doubling whenever it waits for a part not granted yet or
+granted late, within `budget`. A reader that decodes at 90 MB/s behind 140 ms needs ~25 MB ahead,
 not the whole budget: parts waiting in memory for a slow reader only cost memory (on the
 benchmark's server, a decode pass over HTTP added 79-85 MB of PSS with it against 117 MB with
 the window at the budget; the fastest pipelines, whose window reaches the budget within ~0.3 s,
-lost 4-12% of their first pass to that ramp in paired runs; starting at 32 MiB won most of that back but the
-decode pass doubled to the budget early and added 113-115 MB again).
+lost 4-12% of their first pass to that ramp in paired runs; starting at 32 MiB won most of that
+back but the decode pass doubled to the budget early and added 113-115 MB again).
 
 The part size adapts to what the transfers show and to the budget. With `budget` bytes granted,
 throughput is about budget / (time-to-first-byte + part / per-connection rate) while the
@@ -154,9 +154,10 @@ class _Reader:
     part latency (grant to last byte) it is set to twice the bytes the reader consumed per latency,
     within `floor` and the budget (consumed: handed on from the stream being read into its buffer).
     It doubles, at most once per latency, whenever the reader waits for a part not granted yet or
-    granted late (a fast reader reaches the budget within a few latencies), and it narrows by at most half
-    in ~0.7 s (a lull, a burst). So a reader that consumes slowly (decoding, a training step) keeps
-    a small window, and its parts arrive about when it needs them instead of waiting in memory."""
+    granted late (a fast reader reaches the budget within a few latencies), and it narrows by at
+    most half in ~0.7 s (a lull, a burst). So a reader that consumes slowly (decoding, a training
+    step) keeps a small window, and its parts arrive about when it needs them instead of waiting in
+    memory."""
 
     __slots__ = ("streams", "window", "floor", "consumed", "mark_time", "mark_bytes", "widened", "idle_since")
 
@@ -297,9 +298,10 @@ class PartBudget:
         self._grant()
 
     def starve(self, reading: _Reading) -> None:
-        """The stream's reader waits for a part granted less than a latency ago (or not yet: held
-        back by the window, the budget or an earlier stream's unknown size): its window widens. (A part that started long ago and is late is the server's
-        doing: a wider window would not have helped.)"""
+        """The stream's reader waits for a part granted less than a latency ago (or not yet: held back
+        by the window, the budget or an earlier stream's unknown size): its window widens. (A part
+        that started long ago and is late is the server's doing: a wider window would not have
+        helped.)"""
         reader = self._readers.get(reading.reader)
         if reader is not None and reader.starve(self.limit, time.perf_counter()):
             self._grant()
@@ -478,7 +480,7 @@ async def parallel_stream(
             front = window[0]
             if not front.done and not front.chunks and (front.granted is None or
                                                          time.perf_counter() - front.granted < _latency()):
-                budget.starve(reading)  # the window held its part back until less than a latency ago
+                budget.starve(reading)  # its part was held back until less than a latency ago, or still is
             budget.promote(front)
 
     if wanted is not None:
