@@ -286,7 +286,7 @@ def test_shards_opened_together_learn_their_sizes_together(tmp_path, budget):
 
 def test_a_window_follows_what_its_reader_consumes(monkeypatch):
     """Twice the bytes consumed per part latency; doubling (once per latency) when the reader
-    waits for a part its window let start late (`parallel_stream` decides that); narrowing by at most exp(-t / NARROWING); within the floor
+    waits for a part held back until late (`PartBudget.starve` decides that: below); narrowing by at most exp(-t / NARROWING); within the floor
     and the budget."""
     tuning = parts._Tuning()
     tuning.latency = 0.1
@@ -308,6 +308,35 @@ def test_a_window_follows_what_its_reader_consumes(monkeypatch):
         windows.append(reader.window)
     assert windows[3] > limit / 2  # 0.6 s after the last measure: at most halved in ~0.7 s
     assert windows[-1] == 4 * mib  # down to the floor
+
+
+def test_a_window_widens_only_for_a_part_it_held_back(monkeypatch):
+    """`PartBudget.starve(front)`: the reader waits for a part with no bytes yet that was granted
+    less than a latency ago, or not yet (held back), so its window widens; a part granted long ago
+    that is late (the server's doing), or one whose bytes are there, changes nothing."""
+    tuning = parts._Tuning()
+    tuning.latency = 0.1
+    monkeypatch.setattr(parts, "_tuning", tuning)
+    budget = parts.PartBudget(64 << 20)
+    reading = budget.open(object(), 0, PART)
+    reader = budget._readers[reading.group]
+    reader.consume(PART, budget.limit, now=time.perf_counter())  # its first bytes: waits count from now
+    start = reader.window
+    late = parts._Part(0, PART, (0, 0), reading)
+    late.granted = time.perf_counter() - 1.0  # granted a second ago, still no byte
+    budget.starve(late)
+    arrived = parts._Part(PART, 2 * PART, (0, 1), reading)
+    arrived.chunks.append(b"x")
+    budget.starve(arrived)
+    assert reader.window == start
+    held = parts._Part(2 * PART, 3 * PART, (0, 2), reading)  # not granted yet
+    budget.starve(held)
+    assert reader.window == 2 * start
+    recent = parts._Part(3 * PART, 4 * PART, (0, 3), reading)
+    recent.granted = time.perf_counter()
+    reader.widened -= 1.0  # (a latency later)
+    budget.starve(recent)
+    assert reader.window == 4 * start
 
 
 @pytest.mark.timeout(60)

@@ -159,32 +159,31 @@ class _Reader:
     step) keeps a small window, and its parts arrive about when it needs them instead of waiting in
     memory."""
 
-    __slots__ = ("streams", "window", "floor", "consumed", "mark_time", "mark_bytes", "widened", "idle_since")
+    __slots__ = ("streams", "window", "floor", "mark_time", "since_mark", "widened", "idle_since")
 
     def __init__(self, window: int, floor: int) -> None:
         self.streams: List[_Reading] = []
         self.window = window
         self.floor = floor
-        self.consumed = 0
-        self.mark_time: Optional[float] = None  # None until the first bytes are consumed
-        self.mark_bytes = 0
+        self.mark_time: Optional[float] = None  # when the rate was last measured; None until the first bytes
+        self.since_mark = 0  # bytes consumed since then
         self.widened = 0.0  # when the window last doubled
         self.idle_since: Optional[float] = None
 
     def consume(self, nbytes: int, limit: int, now: float) -> None:
         """The reader handed on `nbytes` more: measure its rate once per latency, and resize."""
-        self.consumed += nbytes
         if self.mark_time is None:  # (the time before the first bytes arrived says nothing of the reader)
-            self.mark_time, self.mark_bytes = now, self.consumed
+            self.mark_time = now
             return
+        self.since_mark += nbytes
         latency = _latency()
         elapsed = now - self.mark_time
         if elapsed < max(latency, MIN_INTERVAL):
             return
-        wanted = 2 * latency * (self.consumed - self.mark_bytes) / elapsed
+        wanted = 2 * latency * self.since_mark / elapsed
         window = max(wanted, self.window * math.exp(-elapsed / NARROWING))
         self.window = int(min(limit, max(self.floor, window)))
-        self.mark_time, self.mark_bytes = now, self.consumed
+        self.mark_time, self.since_mark = now, 0
 
     def starve(self, limit: int, now: float) -> bool:
         """The reader waits for bytes still downloading: double the window (once per latency).
@@ -297,13 +296,18 @@ class PartBudget:
         reading.read_to = position
         self._grant()
 
-    def starve(self, reading: _Reading) -> None:
-        """The stream's reader waits for a part granted less than a latency ago (or not yet: held back
-        by the window, the budget or an earlier stream's unknown size): its window widens. (A part
-        that started long ago and is late is the server's doing: a wider window would not have
-        helped.)"""
-        reader = self._readers.get(reading.reader)
-        if reader is not None and reader.starve(self.limit, time.perf_counter()):
+    def starve(self, part: "_Part") -> None:
+        """The reader of `part`'s stream waits for it (the stream's front): if it has no bytes yet
+        and was granted less than a latency ago (or not yet: held back by the window, the budget or
+        an earlier stream's unknown size), the window held the reader back, and widens. (A part that
+        started long ago and is late is the server's doing: a wider window would not have helped.)"""
+        if part.done or part.chunks or part.reading is None:
+            return
+        now = time.perf_counter()
+        if part.granted is not None and now - part.granted >= _latency():
+            return
+        reader = self._readers.get(part.reading.reader)
+        if reader is not None and reader.starve(self.limit, now):
             self._grant()
 
     def release(self, part: "_Part") -> None:
@@ -477,11 +481,8 @@ async def parallel_stream(
 
     def promote_front() -> None:
         if window:
-            front = window[0]
-            if not front.done and not front.chunks and (front.granted is None or
-                                                         time.perf_counter() - front.granted < _latency()):
-                budget.starve(reading)  # its part was held back until less than a latency ago, or still is
-            budget.promote(front)
+            budget.starve(window[0])  # (before the promotion, which grants it)
+            budget.promote(window[0])
 
     if wanted is not None:
         wanted.callback = promote_front
