@@ -149,6 +149,7 @@ def test_a_writer_killed_mid_shard_is_taken_over(server, files, tmp_path):
     after = server.stats.snapshot()
     # (a one-byte size probe, `_fetch.parts`, aside)
     assert {n: after.fetches[n] - before.fetches[n] for n in names} == dict.fromkeys(names, 2)
+    assert all(after.size_probes[n] - before.size_probes[n] <= 2 for n in names)  # at most one per download
     assert _leftovers(cache_dir) == []  # the victim's temp file and log were cleaned up
     for name, url in zip(names, urls):
         with open(os.path.join(cache_dir, cache_file_name(url)), "rb") as f:

@@ -244,8 +244,10 @@ def test_seeking_resume_over_http_uses_a_range_request(big_shards):
         _stop_and_resume(build, 150, server)
         after = server.stats.snapshot()
         assert after.range_requests >= 1
-        # the finished shards are not fetched again (a one-byte size probe, `_fetch.parts`, aside)
+        # the finished shards are not fetched again, not even for their size (a one-byte size probe,
+        # `_fetch.parts`, of the shard being resumed aside)
         assert after.fetches == {"big-2.tar": 1}
+        assert set(after.size_probes) <= {"big-2.tar"} and max(after.size_probes.values(), default=0) <= 1
         assert after.bytes_sent < full_bytes / 3 * (30 / 60) + 8192
 
 
@@ -289,6 +291,7 @@ def test_seeking_resume_of_a_shard_not_in_the_cache_reads_the_rest_from_the_orig
         _, _, resumed = _stop_and_resume(build, 90, server, lambda: build(cache_dir))
         after = server.stats.snapshot()
         assert after.fetches == {"big-1.tar": 1, "big-2.tar": 1}  # (a one-byte size probe, `_fetch.parts`, aside)
+        assert set(after.size_probes) <= {"big-1.tar", "big-2.tar"} and max(after.size_probes.values(), default=0) <= 1
         assert after.range_requests >= 1
         cached = resumed.stats().cache["disk"]
         assert cached["hits"] == 0 and cached["bytes_written"] == os.path.getsize(shards[2])

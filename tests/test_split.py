@@ -88,6 +88,7 @@ def test_remote_shards_without_counts_split_like_webdataset(monkeypatch, server)
         assert {p for p in server.stats.snapshot().path_requests if p.endswith(".tar")} <= names
         assert [first["__key__"]] + [s["__key__"] for s in it] == expected
         assert _shard_requests(server) == dict.fromkeys(names, 1)
+        assert set(server.stats.snapshot().size_probes) <= names  # nothing of another rank's shards
 
 
 def test_the_uncounted_warning_is_given_once(monkeypatch, server):
