@@ -11,6 +11,8 @@ import importlib
 import json
 import os
 import resource
+import select
+import subprocess
 import sys
 import tempfile
 import threading
@@ -22,7 +24,7 @@ import psutil
 
 from harness import Config, Rep
 
-__all__ = ["PssSampler", "process_tree_cpu", "recycle_free_memory", "timed_pass", "warm_page_cache"]
+__all__ = ["HeldMemory", "PssSampler", "process_tree_cpu", "timed_pass", "warm_page_cache"]
 
 
 def warm_page_cache(paths: list[str], chunk: int = 1 << 20) -> None:
@@ -33,43 +35,105 @@ def warm_page_cache(paths: list[str], chunk: int = 1 << 20) -> None:
                 pass
 
 
-def recycle_free_memory(nbytes: int, chunk: int = 1 << 20) -> None:
-    """Write `nbytes` to a scratch file in the temp folder and delete it, so that the kernel's free
-    list holds that much memory this machine has used a moment ago. Capped at the free memory less
-    512 MiB: it takes only free pages, never the page cache (the warmed shards).
+def _mem_free() -> int:
+    """MemFree of /proc/meminfo, in bytes (0 where there is none: not Linux)."""
+    try:
+        with open("/proc/meminfo", "rb") as stream:
+            for line in stream:
+                if line.startswith(b"MemFree:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class HeldMemory:
+    """Hold `nbytes` of memory this machine has touched, in a scratch file's page cache, and hand
+    it back to the kernel as the pass takes memory, a few MiB ahead of it.
 
     This project's Firecracker machines back guest memory only when the guest touches it, and their
-    balloon driver reports free pages back to the host (free page reporting) about 2 s after they
-    are freed: writing 485 MB into the page cache then costs ~0.5 s of system time, against ~0.1 s
-    in pages freed less than a second before. A training node's memory is its own (or full of page
-    cache it reclaims cheaply), so without this step the configuration that grows the page cache (a
-    cold disk cache writing the corpus) would pay a cost no training node pays, and the others would
-    not. `timed_pass` calls it just before the clock starts, in every configuration alike.
+    balloon driver hands free pages back to the host (free page reporting) about 2 s after they are
+    freed. Writing 485 MB into the page cache measured 0.035-0.07 s of system time in pages the
+    guest held, and 0.5-0.9 s in pages it had handed back. A training node's memory is its own (or
+    full of page cache it reclaims cheaply), so without this the configurations that take memory (a
+    cold disk cache writes the corpus into the page cache; every loader grows its heap) would pay a
+    cost no training node pays, unevenly.
+
+    Writing and deleting a scratch file just before the pass (what this did before) raced the
+    balloon: where its reporting ran during the pass, the pages were gone again (in one process of
+    three, the cache writer's writes took 0.89 s of system time against 0.035-0.07 s). Handed back
+    as the pass takes memory, a page is reused within milliseconds of being freed.
+
+    The holder is a child process (`python measure.py --hold N`), so that its polling never asks
+    for this process's GIL; `pid` names it, so that its CPU is left out of the pass's. The
+    constructor returns once it holds the memory (untimed); `start()` lets it hand memory back,
+    `stop()` frees the rest. It takes only free memory less 512 MiB, never the page cache (the
+    warmed shards).
     """
-    nbytes = min(nbytes, max(0, psutil.virtual_memory().free - (512 << 20)))
-    if nbytes <= 0:
-        return
+
+    def __init__(self, nbytes: int) -> None:
+        self.pid: Optional[int] = None
+        self._proc = None
+        nbytes = min(nbytes, max(0, _mem_free() - (512 << 20)))
+        if nbytes <= 0:
+            return
+        self._proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--hold", str(nbytes)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if self._proc.stdout.readline() != b"held\n":  # best effort: a full temp folder must not fail the measurement
+            print("holding memory failed", file=sys.stderr)
+            self.stop()
+            return
+        self.pid = self._proc.pid
+
+    def start(self) -> None:
+        if self._proc is not None:
+            self._proc.stdin.write(b"go\n")
+            self._proc.stdin.flush()
+
+    def stop(self) -> None:
+        """Free what is still held, and wait for the holder to exit."""
+        if self._proc is not None:
+            self._proc.stdin.close()  # its end of file: it exits, and its file's pages are freed
+            self._proc.stdout.close()
+            self._proc.wait()
+            self._proc = None
+
+
+def _hold(nbytes: int, ahead: int = 64 << 20, step: int = 16 << 20, interval: float = 0.005) -> None:
+    """`HeldMemory`'s child: write `nbytes` to a deleted scratch file, say so, then on "go" shorten
+    the file (freeing its pages) while MemFree falls, until its stdin ends."""
+    chunk = 1 << 20
     block = b"\0" * chunk
     # (a file, not a memfd: a memfd's pages came back reported to the host in 2 of 5 tries here)
-    try:
-        fd, path = tempfile.mkstemp(prefix="shardstream-bench-recycle-")
-        try:
-            written = 0
-            while written < nbytes:
-                written += os.write(fd, block)
-        finally:
-            os.close(fd)
-            os.unlink(path)  # dirty pages of a deleted file are dropped, not written back (below the dirty limits)
-    except OSError as exn:  # best effort: a full temp folder must not fail the measurement
-        print(f"recycling free memory failed: {exn}", file=sys.stderr)
+    fd, path = tempfile.mkstemp(prefix="shardstream-bench-held-")
+    os.unlink(path)  # its pages stay while fd is open; dirty pages of a deleted file are never written back
+    held = 0
+    while held < nbytes:
+        held += os.write(fd, block)
+    sys.stdout.buffer.write(b"held\n")
+    sys.stdout.flush()
+    if sys.stdin.buffer.readline() != b"go\n":
+        return
+    base, released = _mem_free(), 0
+    while held > 0 and not select.select([sys.stdin], [], [], interval)[0]:
+        taken = base + released - _mem_free()  # what the pass took since "go"
+        if taken + ahead > released:
+            size = min(held, max(step, taken + ahead - released))
+            held -= size
+            released += size
+            os.ftruncate(fd, held)
+    sys.stdin.buffer.read()
 
 
-def process_tree_cpu() -> float:
-    """User+sys CPU seconds of this process, its reaped children, and its children still running."""
+def process_tree_cpu(exclude: Optional[int] = None) -> float:
+    """User+sys CPU seconds of this process, its reaped children, and its children still running
+    but `exclude` (a pid) and its children."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
     for child in psutil.Process().children(recursive=True):
+        if child.pid == exclude:
+            continue
         try:
             times = child.cpu_times()
             total += times.user + times.system
@@ -78,10 +142,13 @@ def process_tree_cpu() -> float:
     return total
 
 
-def tree_pss(process: psutil.Process) -> int:
-    """PSS bytes of `process` and all its descendants (shared pages are split fairly between them)."""
+def tree_pss(process: psutil.Process, exclude: Optional[int] = None) -> int:
+    """PSS bytes of `process` and all its descendants but `exclude` (a pid) and its children
+    (shared pages are split fairly between them)."""
     total = 0
     for proc in [process, *process.children(recursive=True)]:
+        if proc.pid == exclude:
+            continue
         try:
             total += proc.memory_full_info().pss
         except psutil.Error:
@@ -90,19 +157,21 @@ def tree_pss(process: psutil.Process) -> int:
 
 
 class PssSampler(threading.Thread):
-    """Sample the process tree's PSS every `interval` seconds; keep the peak and the thread's own CPU."""
+    """Sample the process tree's PSS (but `exclude`'s, a pid) every `interval` seconds; keep the peak
+    and the thread's own CPU."""
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = 0.05, exclude: Optional[int] = None) -> None:
         super().__init__(name="pss-sampler", daemon=True)
         self.interval = interval
         self.peak = 0
         self.own_cpu_s = 0.0
         self._stop_event = threading.Event()
         self._process = psutil.Process()
+        self._exclude = exclude
 
     def run(self) -> None:
         while True:
-            self.peak = max(self.peak, tree_pss(self._process))
+            self.peak = max(self.peak, tree_pss(self._process, self._exclude))
             if self._stop_event.wait(self.interval):
                 break
         self.own_cpu_s = time.thread_time()
@@ -113,9 +182,10 @@ class PssSampler(threading.Thread):
         self.join()
 
 
-def timed_pass(start_pass, count, recycle: int = 0) -> tuple[Rep, Optional[str]]:
+def timed_pass(start_pass, count, hold: int = 0) -> tuple[Rep, Optional[str]]:
     """Run one pass; `start_pass()` returns the iterable, `count(item)` its (samples, bytes).
-    `recycle` bytes of free memory are recycled just before it (`recycle_free_memory`).
+    `hold` bytes of touched memory are handed back to the kernel as the pass takes memory
+    (`HeldMemory`).
 
     Returns the figures, and shardstream's `stats().format()` of the pass when the iterator has one
     (read after the clock stops; a DataLoader's iterator has none).
@@ -123,12 +193,13 @@ def timed_pass(start_pass, count, recycle: int = 0) -> tuple[Rep, Optional[str]]
     prepare = getattr(start_pass, "prepare", None)
     if prepare is not None:
         prepare()
-    recycle_free_memory(recycle)
+    held = HeldMemory(hold)
     gc.collect()
-    base_pss = tree_pss(psutil.Process())  # the process before the pass: interpreter, torch, the library
-    sampler = PssSampler()
+    base_pss = tree_pss(psutil.Process(), held.pid)  # the process before the pass: interpreter, torch, the library
+    sampler = PssSampler(exclude=held.pid)
     sampler.start()
-    cpu_start = process_tree_cpu()
+    held.start()
+    cpu_start = process_tree_cpu(exclude=held.pid)
     started = time.perf_counter()
     first = None
     samples = nbytes = 0
@@ -143,7 +214,8 @@ def timed_pass(start_pass, count, recycle: int = 0) -> tuple[Rep, Optional[str]]
     stats = getattr(iterator, "stats", None)  # shardstream's engine iterator; its threads are done
     del iterator, item  # lets DataLoader workers exit before the clock stops
     wall = time.perf_counter() - started
-    cpu = process_tree_cpu() - cpu_start
+    cpu = process_tree_cpu(exclude=held.pid) - cpu_start
+    held.stop()
     sampler.stop()
     text = None
     if callable(stats):
@@ -173,7 +245,7 @@ def main(spec_path: str, result_path: str) -> None:
     reps, stats = [], None
     try:
         for _ in range(spec["repeat"]):
-            rep, stats = timed_pass(start_pass, workload.count, recycle=corpus_bytes)
+            rep, stats = timed_pass(start_pass, workload.count, hold=corpus_bytes + (512 << 20))
             reps.append(rep)
     finally:
         close = getattr(start_pass, "close", None)
@@ -185,4 +257,7 @@ def main(spec_path: str, result_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1] == "--hold":
+        _hold(int(sys.argv[2]))
+    else:
+        main(*sys.argv[1:3])
