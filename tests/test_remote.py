@@ -94,6 +94,29 @@ def test_three_epochs_under_faults_deliver_every_sample_exactly_once(served, sha
     assert faults.get("status", 0) + faults.get("reset", 0) > 0
 
 
+@pytest.mark.timeout(120)
+def test_stats_count_the_retries_and_resumes_of_this_pipeline(served, shardset):
+    server, urls = served
+    server.options.seed = 7
+    server.options.status_rate = 0.2
+    server.options.reset_rate = 0.2
+    fast_retries = wds.FetchOptions(backoff_base=0.01, backoff_max=0.05)
+    it = iter(wds.WebDataset(urls, shardshuffle=False, fetch_options=fast_retries))
+    assert len(list(it)) == len(list(wds.WebDataset(shardset, shardshuffle=False)))
+    source = it.stats().source
+    faults = server.stats.snapshot().faults
+    # every retry answers an injected fault (size probes outside the streams may take a few)
+    assert 0 < source["retries"] <= faults["status"] + faults["reset"]
+    assert 0 < source["resumes"] <= source["retries"] and source["errors"] == 0
+    assert f"{source['retries']} retries, {source['resumes']} resume" in it.stats().format()
+    # counted per pipeline: a clean pass in the same process starts from zero
+    server.options.status_rate = server.options.reset_rate = 0.0
+    it = iter(wds.WebDataset(urls, shardshuffle=False, fetch_options=fast_retries))
+    list(it)
+    assert it.stats().source["retries"] == it.stats().source["resumes"] == 0
+    assert "0 retries, 0 resumes, 0 errors" in it.stats().format()
+
+
 def _failing_dataset(server, urls, **kw):
     options = wds.FetchOptions(retries=2, backoff_base=0.01, backoff_max=0.02)
     return wds.WebDataset(urls, shardshuffle=False, fetch_options=options, **kw)

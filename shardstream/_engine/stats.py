@@ -172,11 +172,28 @@ class PipelineStats:
                 f"queue {q['name']}: avg occupancy {q['avg_occupancy']:.1f}/{q['capacity']}, "
                 f"producer waited {q['put_wait_s']:.2f}s, consumer waited {q['get_wait_s']:.2f}s"
             )
+        if self.source:
+            lines.append("source: " + _source_line(self.source))
         for tier, counts in self.cache.items():
             shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
             lines.append(f"cache {tier}: {shown or 'idle'}")
         lines.append("verdict: " + self.verdict())
         return "\n".join(lines)
+
+
+_WORDS = {"shards": "shard", "samples": "sample", "retries": "retry", "resumes": "resume", "errors": "error"}
+
+
+def _counted(source: Dict[str, int], field: str) -> str:
+    n = source.get(field, 0)
+    return f"{n:,} {field if n != 1 else _WORDS[field]}"
+
+
+def _source_line(source: Dict[str, int]) -> str:
+    """What the source stage read, and what reading it took: "16 shards, 4,000 samples, 485.3 MB;
+    2 retries, 1 resume, 0 errors"."""
+    read = [_counted(source, "shards"), _counted(source, "samples"), f"{source.get('bytes', 0) / 1e6:,.1f} MB"]
+    return ", ".join(read) + "; " + ", ".join(_counted(source, f) for f in ("retries", "resumes", "errors"))
 
 
 def now() -> float:

@@ -260,6 +260,6 @@ async def http_stream(
                 message = f"{error.message}; gave up after {failures} attempts"
                 raise type(error)(message, url=url, offset=transfer.received) from error
             delay = backoff_delay(options, failures, retry_after)
-            note_fetch(retries=1, resumes=int(transfer.received > 0))
+            note_fetch(retries=1, resumes=int(transfer.received > start))  # resumed after bytes this call delivered
             log_retry(failures, options, url, transfer.received, delay, error.message)
             await asyncio.sleep(delay)

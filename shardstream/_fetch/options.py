@@ -78,13 +78,25 @@ class FetchOptions:
 
 class FetchStats(Counters):
     """Fetch counters: bytes delivered, retries, Range resumes, failed fetches; a stream's also
-    records the object's size once a response said it."""
+    records the object's size once a response said it.
+
+    `also` (a stream's: the counters of the source stage that opened it) gets this stream's
+    retries and resumes too, so that a pipeline's stats count its own, not the process's."""
 
     FIELDS = ("bytes", "retries", "resumes", "failures")
+    FORWARDED = ("retries", "resumes")
 
-    def __init__(self) -> None:
+    def __init__(self, also: Optional[Counters] = None) -> None:
         super().__init__()
         self.size: Optional[int] = None
+        self.also = also
+
+    def add(self, **counts: int) -> None:
+        super().add(**counts)
+        if self.also is not None:
+            forwarded = {field: n for field, n in counts.items() if field in self.FORWARDED}
+            if forwarded:
+                self.also.add(**forwarded)
 
 _GLOBAL_STATS = FetchStats()
 # The stats of the stream whose task is running; each stream's task has its own context.

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any, Optional
 
+from .._base.counters import Counters
 from .._base.errors import FetchError
 from .loop import get_loop, run_coroutine
 from .options import FetchOptions, FetchStats, _stream_stats
@@ -134,15 +135,19 @@ class ChunkStream:
     were opened, by one reader: their ranged parts download within one window of bytes ahead of
     that reader (see `parts`). Without a group, a stream is a reader of its own.
 
-    Attributes: `url`, `options`, `stats` (this stream's FetchStats).
+    Attributes: `url`, `options`, `stats` (this stream's FetchStats; its retries and resumes
+    are also counted into `count_into`, when given: the counters of the stage that reads it).
     """
 
-    def __init__(self, url: str, *, options: Optional[FetchOptions] = None, start: int = 0, group: Any = None) -> None:
+    def __init__(
+        self, url: str, *, options: Optional[FetchOptions] = None, start: int = 0, group: Any = None,
+        count_into: Optional[Counters] = None,
+    ) -> None:
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
         self.url = url
         self.options = options or FetchOptions()
-        self.stats = FetchStats()
+        self.stats = FetchStats(also=count_into)
         self._pid = os.getpid()
         self._loop = get_loop()
         self._buffer = _Buffer(self._loop, self.options.prefetch_bytes, group)
@@ -229,7 +234,10 @@ def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-def open_stream(url: str, *, options: Optional[FetchOptions] = None, start: int = 0, group: Any = None) -> ChunkStream:
+def open_stream(
+    url: str, *, options: Optional[FetchOptions] = None, start: int = 0, group: Any = None,
+    count_into: Optional[Counters] = None,
+) -> ChunkStream:
     """Start fetching `url` on the shared loop; iterate the returned ChunkStream for its bytes
-    (`group`: see ChunkStream)."""
-    return ChunkStream(url, options=options, start=start, group=group)
+    (`group`, `count_into`: see ChunkStream)."""
+    return ChunkStream(url, options=options, start=start, group=group, count_into=count_into)

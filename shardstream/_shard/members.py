@@ -21,9 +21,10 @@ __all__ = ["SourceStats", "chunk_member_batches", "is_compressed_file", "iter_me
 
 
 class SourceStats(Counters):
-    """Bytes, shards, samples and errors read by a source stage (the engine reports them)."""
+    """Bytes, shards, samples and errors read by a source stage, and the retries and Range
+    resumes of the remote streams it opened (the engine reports them)."""
 
-    FIELDS = ("bytes", "shards", "samples", "errors")
+    FIELDS = ("bytes", "shards", "samples", "errors", "retries", "resumes")
 
 WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members held at once
 _PAGE = mmap.PAGESIZE

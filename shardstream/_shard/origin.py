@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+from .._base.counters import Counters
 from .._fetch.open import iter_chunks, local_path_of
 from .._fetch.options import FetchOptions
 from .._fetch.registry import fetches_natively
@@ -15,12 +16,14 @@ __all__ = ["open_origin", "pulling", "shard_range", "source_url"]
 
 
 def open_origin(
-    url: str, start: int = 0, options: Optional[FetchOptions] = None, allow_pipe: Optional[bool] = None
+    url: str, start: int = 0, options: Optional[FetchOptions] = None, allow_pipe: Optional[bool] = None,
+    count_into: Optional[Counters] = None,
 ) -> Iterable[bytes]:
     """The bytes of `url` from byte `start`, from where it lives: our async fetchers for
-    http(s) and s3 (retries, Range resume, one shared session), else files, `pipe:` and fsspec."""
+    http(s) and s3 (retries, Range resume, one shared session; their retries and resumes also
+    counted into `count_into`), else files, `pipe:` and fsspec."""
     if fetches_natively(url):
-        return open_stream(url, options=options, start=start)
+        return open_stream(url, options=options, start=start, count_into=count_into)
     return iter_chunks(url, allow_pipe=allow_pipe, start=start)
 
 

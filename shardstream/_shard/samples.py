@@ -207,7 +207,7 @@ class TarShardSamples(PipelineStage):
         return ready if ready is not None else self._origin(url, start)
 
     def _origin(self, url: str, start: int = 0) -> Iterable[bytes]:
-        return open_origin(url, start, self.fetch_options, self.allow_pipe)
+        return open_origin(url, start, self.fetch_options, self.allow_pipe, count_into=self.source_stats)
 
     def _open_ahead(self, url: str, start: int, group: object) -> Optional[ChunkStream]:
         """Start downloading a remote shard now, unless the cache serves it. The cache's claim is
@@ -218,7 +218,7 @@ class TarShardSamples(PipelineStage):
         if self.cache is not None and not self.cache.prepare(url):
             return None
         try:
-            return open_stream(url, options=self.fetch_options, group=group)
+            return open_stream(url, options=self.fetch_options, group=group, count_into=self.source_stats)
         except BaseException:
             if self.cache is not None:
                 self.cache.release(url)
