@@ -58,12 +58,16 @@ class _MemoryWriter:
         self.live = True
 
     def write(self, chunk: bytes) -> None:
+        self.write_many([chunk], len(chunk))
+
+    def write_many(self, chunks: List[bytes], nbytes: int) -> None:
+        """Append `chunks` (`nbytes` in all)."""
         if self.live:
-            self.size += len(chunk)
+            self.size += nbytes
             if self.size > self.tier.max_bytes:
                 self.abort()
             else:
-                self.chunks.append(chunk if type(chunk) is bytes else bytes(chunk))
+                self.chunks.extend(chunk if type(chunk) is bytes else bytes(chunk) for chunk in chunks)
 
     def commit(self) -> bool:
         live, self.live = self.live, False

@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 ORIGIN_FIELDS = ("fetches", "bytes_served", "errors")
 _MISS = object()  # no tier holds the shard
 _REREADS = 3  # copies tried in one stream before a corrupt one is an error (a failing disk)
+# Chunks are handed to the writers (and counted) a MiB at a time, or a disk writer's block if
+# smaller: one lock and one wake-up check per MiB on the reader's thread, not per network chunk.
+TEE_BYTES = 1 << 20
 
 OpenOrigin = Callable[[str], Iterable[bytes]]
 
@@ -303,19 +306,32 @@ class ShardCache(ClaimsAhead):
     @staticmethod
     def _pump(chunks: Iterable[bytes], counters: TierCounters, writers: List, resume: Optional[Resume] = None,
               claims: Optional[Dict[str, object]] = None):
-        """Hand each chunk to every writer and to the consumer (after `resume` dropped what was
-        delivered before); commit only a complete stream.
+        """Hand each chunk to the consumer (after `resume` dropped what was delivered before) and,
+        a MiB at a time, to every writer; commit only a complete stream.
 
         The commits run on the writers' threads (`commit_soon`): the consumer goes on to its next
         shard without waiting for the last block's write and the rename. `claims` (emptied here)
         are released once every writer has committed, so that nobody they let in finds no file."""
         complete = False
         iterator = iter(chunks)
+        batch: List[bytes] = []  # chunks not yet handed to the writers, `pending` bytes
+        pending = counted = 0  # (counted: bytes delivered and not yet in `counters`)
+        # (at most a block: a follower in another process waits for whole blocks, no longer)
+        tee_bytes = min([TEE_BYTES, *(getattr(writer, "block_size", TEE_BYTES) for writer in writers)])
         try:
             for chunk in iterator:
-                for writer in writers:
-                    writer.write(chunk)
-                counters.add(bytes_served=len(chunk))
+                size = len(chunk)
+                counted += size
+                if writers:
+                    batch.append(chunk)
+                    pending += size
+                    if pending >= tee_bytes:
+                        for writer in writers:
+                            writer.write_many(batch, pending)
+                        batch, pending = [], 0
+                if counted >= TEE_BYTES:
+                    counters.add(bytes_served=counted)
+                    counted = 0
                 if resume is not None and resume.left:
                     chunk = resume.take(chunk)
                     if not chunk:
@@ -323,6 +339,9 @@ class ShardCache(ClaimsAhead):
                 yield chunk
             if resume is not None and resume.left:
                 resume.check_done()  # the copy is shorter than what was delivered: raises
+            if batch:
+                for writer in writers:
+                    writer.write_many(batch, pending)
             complete = True
         except CorruptCacheFile:
             raise
@@ -330,6 +349,8 @@ class ShardCache(ClaimsAhead):
             counters.add(errors=1)
             raise
         finally:
+            if counted:
+                counters.add(bytes_served=counted)
             if complete and writers:
                 handed = dict(claims or {})
                 if claims:

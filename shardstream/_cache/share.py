@@ -107,8 +107,8 @@ class BlockWriter:
         self._thread = threading.Thread(target=self._run, name="shardstream-cache-writer", daemon=True)
         self._thread.start()
 
-    def put(self, chunk) -> bool:
-        """Queue `chunk` (an immutable bytes-like object) for writing; False once writing failed
+    def put(self, chunks: List[bytes], nbytes: int) -> bool:
+        """Queue `chunks` (immutable bytes, `nbytes` in all) for writing; False once writing failed
         (or has not moved for WRITE_STALL seconds: a hung cache disk must not hang the read)."""
         with self._cond:
             queued, since = self._queued, time.monotonic()
@@ -120,8 +120,8 @@ class BlockWriter:
                     self.error = TimeoutError(f"the cache disk took no data for {WRITE_STALL:g} s")
             if self.error is not None:
                 return False
-            self._queue.append(chunk)
-            self._queued += len(chunk)
+            self._queue.extend(chunks)
+            self._queued += nbytes
             if self._queued >= self._wake:
                 self._cond.notify_all()
         return True
@@ -294,14 +294,25 @@ class DiskWriter:
         self._fds = [fd, log_fd]
         self.thread = BlockWriter(fd, log_fd, tier.chunk_size)  # digests from the chunks as they are written
 
+    @property
+    def block_size(self) -> int:
+        """The bytes of a digest block: what a follower in another process waits for."""
+        return self.tier.chunk_size
+
     def write(self, chunk: bytes) -> None:
+        self.write_many([chunk], len(chunk))
+
+    def write_many(self, chunks: List[bytes], nbytes: int) -> None:
+        """Append `chunks` (`nbytes` in all)."""
         if not self.live:
             return
-        self.size += len(chunk)
+        self.size += nbytes
         if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
             self.abort()  # can never fit: stop paying for the copy
             return
-        if not self.thread.put(chunk if type(chunk) is bytes else bytes(chunk)):
+        if any(type(chunk) is not bytes for chunk in chunks):
+            chunks = [chunk if type(chunk) is bytes else bytes(chunk) for chunk in chunks]
+        if not self.thread.put(chunks, nbytes):
             self._failed(self.thread.error)
 
     def _failed(self, exn) -> None:  # a full or broken cache disk must not fail the read
