@@ -3,6 +3,7 @@ streams are read in, a reader never waits for the budget, and memory stays withi
 
 from __future__ import annotations
 
+import collections
 import random
 import threading
 import time
@@ -284,43 +285,61 @@ def test_shards_opened_together_learn_their_sizes_together(tmp_path, budget):
     assert elapsed < 6 * 0.2, f"{elapsed:.2f} s: the sizes came one round trip after another"
 
 
-def test_a_window_follows_what_its_reader_consumes(monkeypatch):
+def test_a_window_follows_what_its_reader_consumes():
     """Twice the bytes consumed per part latency; doubling (once per latency) when the reader
     waits for a part held back until late (`PartBudget.starve` decides that: below); narrowing by at most exp(-t / NARROWING); within the floor
     and the budget."""
-    tuning = parts._Tuning()
-    tuning.latency = 0.1
-    monkeypatch.setattr(parts, "_tuning", tuning)
-    mib, limit = 1 << 20, 64 << 20
+    mib, limit, latency = 1 << 20, 64 << 20, 0.1
     reader = parts._Reader(window=16 * mib, floor=4 * mib)
-    assert reader.starve(limit, now=0.0) is False  # nothing consumed yet: waiting says nothing
-    reader.consume(mib, limit, now=0.0)  # the first bytes: the clock starts
+    assert reader.starve(limit, 0.0, latency) is False  # nothing consumed yet: waiting says nothing
+    reader.consume(mib, limit, 0.0, latency)  # the first bytes: the clock starts
     assert reader.window == 16 * mib
-    reader.consume(9 * mib, limit, now=0.05)  # (less than a latency: not measured yet)
-    reader.consume(1 * mib, limit, now=0.1)  # 10 MiB in 0.1 s: 2 x 0.1 s x 100 MiB/s
+    reader.consume(9 * mib, limit, 0.05, latency)  # (less than a latency: not measured yet)
+    reader.consume(1 * mib, limit, 0.1, latency)  # 10 MiB in 0.1 s: 2 x 0.1 s x 100 MiB/s
     assert reader.window == 20 * mib
-    assert reader.starve(limit, now=0.15) is True and reader.window == 40 * mib
-    assert reader.starve(limit, now=0.2) is False  # once per latency
-    assert reader.starve(limit, now=0.26) is True and reader.window == limit
+    assert reader.starve(limit, 0.15, latency) is True and reader.window == 40 * mib
+    assert reader.starve(limit, 0.2, latency) is False  # once per latency
+    assert reader.starve(limit, 0.26, latency) is True and reader.window == limit
     windows = []
     for step in range(1, 31):  # then it consumes 0.1 MiB per 0.1 s: the window narrows, slowly
-        reader.consume(mib // 10, limit, now=0.3 + 0.1 * step)
+        reader.consume(mib // 10, limit, 0.3 + 0.1 * step, latency)
         windows.append(reader.window)
     assert windows[3] > limit / 2  # 0.6 s after the last measure: at most halved in ~0.7 s
     assert windows[-1] == 4 * mib  # down to the floor
 
 
-def test_a_window_widens_only_for_a_part_it_held_back(monkeypatch):
+@pytest.mark.timeout(60)
+def test_each_origin_has_its_own_measurements(tmp_path, monkeypatch):
+    """Part sizes and windows come from the times of the stream's own origin (scheme and host):
+    reading from a near server does not shorten what a far one's parts are measured to take."""
+    monkeypatch.setattr(parts, "_tunings", collections.OrderedDict())
+    root, data = write_files(tmp_path, {"a.bin": 4 << 20})
+    options = FetchOptions(part_size=512 * KIB, stall_timeout=5)
+    with ShardServer(root, latency_ms=5) as near, ShardServer(root, latency_ms=150) as far:
+        for server in (far, near, near):
+            stream = open_stream(server.url("a.bin"), options=options)
+            try:
+                assert b"".join(stream) == data["a.bin"]
+            finally:
+                stream.close()
+        near_tuning, far_tuning = parts.tuning_for(near.url("a.bin")), parts.tuning_for(far.url("x"))
+    assert near_tuning is not far_tuning and len(parts._tunings) == 2
+    assert near_tuning.ttfb < 0.1 <= far_tuning.ttfb
+    assert far_tuning.latency > near_tuning.latency + 0.1
+    assert parts._origin("http://user:secret@Example.COM:8080/a/b.tar?x=1") == "http://example.com:8080"
+    assert parts._origin("s3://bucket/key/shard.tar") == "s3://bucket"
+
+
+def test_a_window_widens_only_for_a_part_it_held_back():
     """`PartBudget.starve(front)`: the reader waits for a part with no bytes yet that was granted
     less than a latency ago, or not yet (held back), so its window widens; a part granted long ago
     that is late (the server's doing), or one whose bytes are there, changes nothing."""
     tuning = parts._Tuning()
     tuning.latency = 0.1
-    monkeypatch.setattr(parts, "_tuning", tuning)
     budget = parts.PartBudget(64 << 20)
-    reading = budget.open(object(), 0, PART)
+    reading = budget.open(object(), 0, PART, tuning)
     reader = budget._readers[reading.group]
-    reader.consume(PART, budget.limit, now=time.perf_counter())  # its first bytes: waits count from now
+    reader.consume(PART, budget.limit, time.perf_counter(), tuning.latency)  # its first bytes: waits count from now
     start = reader.window
     late = parts._Part(0, PART, (0, 0), reading)
     late.granted = time.perf_counter() - 1.0  # granted a second ago, still no byte
@@ -349,7 +368,7 @@ def test_a_slow_reader_keeps_a_small_window_a_fast_one_widens_it(tmp_path, budge
     after). One that reads as fast as it can waits for parts its window let start late, and its
     window widens."""
     mib = 1 << 20
-    monkeypatch.setattr(parts, "_tuning", parts._Tuning())
+    monkeypatch.setattr(parts, "_tunings", collections.OrderedDict())
     monkeypatch.setattr(parts, "START_WINDOW", mib)
     monkeypatch.setattr(parts, "MIN_WINDOW", mib)
     starved = []

@@ -30,7 +30,10 @@ the window at the budget; the fastest pipelines, whose window reaches the budget
 lost 4-12% of their first pass to that ramp in paired runs; starting at 32 MiB won most of that
 back but the decode pass doubled to the budget early and added 113-115 MB again).
 
-The part size adapts to what the transfers show and to the budget. With `budget` bytes granted,
+The part size adapts to what the transfers show and to the budget. Transfers are measured per
+origin (scheme and host, `tuning_for`): a pipeline that reads a nearby server and a distant store
+sizes each one's parts, and the windows of the streams it reads from each, from that origin's
+times. With `budget` bytes granted,
 throughput is about budget / (time-to-first-byte + part / per-connection rate) while the
 connections allowed (`parallel_parts`) can hold the budget: small parts win, until each spends
 most of its time waiting for its first byte. So a part is the smaller of the budget spread over
@@ -92,8 +95,8 @@ demand: contextvars.ContextVar[Optional[Demand]] = contextvars.ContextVar("shard
 
 
 class _Tuning:
-    """Moving averages over finished parts: time to first byte, per-connection rate, and latency
-    (from the grant to the last byte: how long ahead of its reader a part must start)."""
+    """Moving averages over one origin's finished parts: time to first byte, per-connection rate,
+    and latency (from the grant to the last byte: how long ahead of its reader a part must start)."""
 
     def __init__(self) -> None:
         self.ttfb: Optional[float] = None
@@ -115,26 +118,57 @@ class _Tuning:
             size = min(size, budget / max(1, connections))
         return int(min(MAX_PART, max(MIN_PART, size)))
 
+    @property
+    def latency_or_default(self) -> float:
+        return self.latency if self.latency is not None else DEFAULT_LATENCY
 
-_tuning = _Tuning()
+
+# One per origin (scheme and host): a pipeline that mixes a nearby server and a distant store must
+# not size the one's parts and windows from the other's times. The least recently used go first.
+_tunings: "collections.OrderedDict[str, _Tuning]" = collections.OrderedDict()
+MAX_ORIGINS = 256
 
 
-def tuned_part_size(default: int = DEFAULT_PART, budget: Optional[int] = None, connections: int = 1) -> int:
-    """The part size the transfers so far call for (`default` before any has finished), no more
-    than `budget` spread over `connections`."""
-    return _tuning.part_size(default, budget, connections)
+def _origin(url: str) -> str:
+    """Where `url`'s bytes come from, as the tuning tells origins apart: its scheme and host (an
+    S3 URL's bucket), never its credentials."""
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0].rpartition("@")[2]
+    return f"{scheme.lower()}://{host.lower()}"
+
+
+def tuning_for(url: str) -> _Tuning:
+    """The measurements of `url`'s origin (fresh ones for an origin not seen yet)."""
+    origin = _origin(url)
+    tuning = _tunings.get(origin)
+    if tuning is None:
+        tuning = _tunings[origin] = _Tuning()
+        while len(_tunings) > MAX_ORIGINS:
+            _tunings.popitem(last=False)
+    else:
+        _tunings.move_to_end(origin)
+    return tuning
+
+
+def tuned_part_size(
+    default: int = DEFAULT_PART, budget: Optional[int] = None, connections: int = 1, url: str = "",
+) -> int:
+    """The part size the transfers from `url`'s origin so far call for (`default` before any has
+    finished), no more than `budget` spread over `connections`."""
+    return tuning_for(url).part_size(default, budget, connections)
 
 
 class _Reading:
     """One stream as its reader's window sees it: where its parts start being handed on
-    (`read_to`) and its size once a response said it (None before)."""
+    (`read_to`), its size once a response said it (None before), and its origin's `tuning`."""
 
-    __slots__ = ("group", "size", "read_to")
+    __slots__ = ("group", "size", "read_to", "tuning")
 
-    def __init__(self, group: Any, start: int) -> None:
+    def __init__(self, group: Any, start: int, tuning: Optional[_Tuning] = None) -> None:
         self.group = group
         self.size: Optional[int] = None
         self.read_to = start
+        self.tuning = tuning if tuning is not None else _Tuning()
 
     @property
     def reader(self) -> Any:
@@ -170,13 +204,13 @@ class _Reader:
         self.widened = 0.0  # when the window last doubled
         self.idle_since: Optional[float] = None
 
-    def consume(self, nbytes: int, limit: int, now: float) -> None:
-        """The reader handed on `nbytes` more: measure its rate once per latency, and resize."""
+    def consume(self, nbytes: int, limit: int, now: float, latency: float) -> None:
+        """The reader handed on `nbytes` more (from an origin whose parts take `latency`): measure
+        its rate once per latency, and resize."""
         if self.mark_time is None:  # (the time before the first bytes arrived says nothing of the reader)
             self.mark_time = now
             return
         self.since_mark += nbytes
-        latency = _latency()
         elapsed = now - self.mark_time
         if elapsed < max(latency, MIN_INTERVAL):
             return
@@ -185,18 +219,14 @@ class _Reader:
         self.window = int(min(limit, max(self.floor, window)))
         self.mark_time, self.since_mark = now, 0
 
-    def starve(self, limit: int, now: float) -> bool:
-        """The reader waits for bytes still downloading: double the window (once per latency).
-        True if it changed."""
-        if self.mark_time is None or now - self.widened < _latency() or self.window >= limit:
+    def starve(self, limit: int, now: float, latency: float) -> bool:
+        """The reader waits for bytes still downloading (from an origin whose parts take
+        `latency`): double the window (once per latency). True if it changed."""
+        if self.mark_time is None or now - self.widened < latency or self.window >= limit:
             return False
         self.window = min(limit, 2 * self.window)
         self.widened = now
         return True
-
-
-def _latency() -> float:
-    return _tuning.latency if _tuning.latency is not None else DEFAULT_LATENCY
 
 
 class PartBudget:
@@ -216,15 +246,15 @@ class PartBudget:
         self._readers: Dict[Any, _Reader] = {}  # by reader key: its open streams and its window
         self._start = START_WINDOW  # a new reader's window: where the last pass (a grouped reader) paused
 
-    def open(self, group: Any, start: int, part_size: int = DEFAULT_PART) -> _Reading:
+    def open(self, group: Any, start: int, part_size: int = DEFAULT_PART, tuning: Optional[_Tuning] = None) -> _Reading:
         """Register a stream of reader `group` (None: a reader of its own), read after the ones
-        before, in parts of about `part_size`."""
+        before, in parts of about `part_size`, from an origin measured by `tuning`."""
         now = time.perf_counter()
         idle = [key for key, reader in self._readers.items()
                 if reader.idle_since is not None and now - reader.idle_since > IDLE_READER]
         for key in idle:
             del self._readers[key]
-        reading = _Reading(group, start)
+        reading = _Reading(group, start, tuning)
         floor = max(MIN_WINDOW, 2 * part_size)
         reader = self._readers.get(reading.reader)
         if reader is None:
@@ -292,7 +322,8 @@ class PartBudget:
         reader = self._readers.get(reading.reader)
         if reader is not None and position > reading.read_to and reader.streams and reader.streams[0] is reading:
             # (only the stream being read: one opened ahead fills its buffer long before its reader gets there)
-            reader.consume(position - reading.read_to, self.limit, time.perf_counter())
+            reader.consume(position - reading.read_to, self.limit, time.perf_counter(),
+                           reading.tuning.latency_or_default)
         reading.read_to = position
         self._grant()
 
@@ -304,10 +335,11 @@ class PartBudget:
         if part.done or part.chunks or part.reading is None:
             return
         now = time.perf_counter()
-        if part.granted is not None and now - part.granted >= _latency():
+        latency = part.reading.tuning.latency_or_default
+        if part.granted is not None and now - part.granted >= latency:
             return
         reader = self._readers.get(part.reading.reader)
-        if reader is not None and reader.starve(self.limit, now):
+        if reader is not None and reader.starve(self.limit, now, latency):
             self._grant()
 
     def release(self, part: "_Part") -> None:
@@ -422,7 +454,8 @@ class _Part:
                 # (a part that was retried, here or anywhere in the process, says little of the time
                 # parts take: its backoff would widen every window)
                 clean = fetch_stats().retries == retries
-                _tuning.record(first - started, self.received, done - first, done - started if clean else None)
+                tuning = self.reading.tuning if self.reading is not None else tuning_for(url)
+                tuning.record(first - started, self.received, done - first, done - started if clean else None)
         except Exception as exc:  # noqa: BLE001 - raised in order, when this part is at the front
             self.error = exc
         finally:
@@ -465,11 +498,12 @@ async def parallel_stream(
     once with the object's size (None: unknown, or no ranges served).
     """
     budget = part_budget(options.part_budget)
-    part_size = options.part_size or tuned_part_size(DEFAULT_PART, budget.limit, options.parallel_parts)
+    tuning = tuning_for(url)
+    part_size = options.part_size or tuning.part_size(DEFAULT_PART, budget.limit, options.parallel_parts)
     order = next(_stream_order)
     index = itertools.count()
     wanted = demand.get()
-    reading = budget.open(None if wanted is None else wanted.group, start, part_size)
+    reading = budget.open(None if wanted is None else wanted.group, start, part_size, tuning)
     first = _Part(start, start + part_size, (order, next(index)), reading)
     window: collections.deque = collections.deque([first])  # parts started, the front one first
     pending: collections.deque = collections.deque()
