@@ -91,22 +91,39 @@ class HeldMemory:
             self._proc.stdin.flush()
 
     def stop(self) -> None:
-        """Free what is still held, and wait for the holder to exit."""
-        if self._proc is not None:
-            self._proc.stdin.close()  # its end of file: it exits, and its file's pages are freed
-            self._proc.stdout.close()
-            self._proc.wait()
-            self._proc = None
+        """Free what is still held, and wait for the holder to exit. ("stop", not the pipe's end:
+        DataLoader workers forked during the pass hold copies of its write end.)"""
+        if self._proc is None:
+            return
+        proc, self._proc = self._proc, None
+        try:
+            proc.stdin.write(b"stop\n")
+            proc.stdin.flush()
+        except OSError:  # it is gone already
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
 
 
 def _hold(nbytes: int, ahead: int = 64 << 20, step: int = 16 << 20, interval: float = 0.005) -> None:
     """`HeldMemory`'s child: write `nbytes` to a deleted scratch file, say so, then on "go" shorten
-    the file (freeing its pages) while MemFree falls, until its stdin ends."""
+    the file (freeing its pages) while MemFree falls, until "stop" (or its stdin's end)."""
     chunk = 1 << 20
     block = b"\0" * chunk
     # (a file, not a memfd: a memfd's pages came back reported to the host in 2 of 5 tries here)
     fd, path = tempfile.mkstemp(prefix="shardstream-bench-held-")
-    os.unlink(path)  # its pages stay while fd is open; dirty pages of a deleted file are never written back
+    # Its pages stay while fd is open. They are dirty: writeback would flush them after 30 s
+    # (dirty_expire) or past the background threshold (10% of memory, ~2.3 GiB here), neither of
+    # which a pass of a few seconds with at most ~1 GB held and the corpus cached reaches.
+    os.unlink(path)
     held = 0
     while held < nbytes:
         held += os.write(fd, block)
@@ -115,19 +132,19 @@ def _hold(nbytes: int, ahead: int = 64 << 20, step: int = 16 << 20, interval: fl
     if sys.stdin.buffer.readline() != b"go\n":
         return
     base, released = _mem_free(), 0
-    while held > 0 and not select.select([sys.stdin], [], [], interval)[0]:
+    while not select.select([sys.stdin], [], [], interval)[0]:
         taken = base + released - _mem_free()  # what the pass took since "go"
-        if taken + ahead > released:
+        if held > 0 and taken + ahead > released:
             size = min(held, max(step, taken + ahead - released))
             held -= size
             released += size
             os.ftruncate(fd, held)
-    sys.stdin.buffer.read()
+    sys.stdin.buffer.readline()  # "stop" (or the end: the parent is gone)
 
 
 def process_tree_cpu(exclude: Optional[int] = None) -> float:
     """User+sys CPU seconds of this process, its reaped children, and its children still running
-    but `exclude` (a pid) and its children."""
+    but `exclude` (a pid)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
@@ -143,8 +160,8 @@ def process_tree_cpu(exclude: Optional[int] = None) -> float:
 
 
 def tree_pss(process: psutil.Process, exclude: Optional[int] = None) -> int:
-    """PSS bytes of `process` and all its descendants but `exclude` (a pid) and its children
-    (shared pages are split fairly between them)."""
+    """PSS bytes of `process` and all its descendants but `exclude` (a pid) (shared pages are split
+    fairly between them)."""
     total = 0
     for proc in [process, *process.children(recursive=True)]:
         if proc.pid == exclude:
@@ -194,29 +211,34 @@ def timed_pass(start_pass, count, hold: int = 0) -> tuple[Rep, Optional[str]]:
     if prepare is not None:
         prepare()
     held = HeldMemory(hold)
-    gc.collect()
-    base_pss = tree_pss(psutil.Process(), held.pid)  # the process before the pass: interpreter, torch, the library
-    sampler = PssSampler(exclude=held.pid)
-    sampler.start()
-    held.start()
-    cpu_start = process_tree_cpu(exclude=held.pid)
-    started = time.perf_counter()
-    first = None
-    samples = nbytes = 0
-    item = None
-    iterator = iter(start_pass())
-    for item in iterator:
-        if first is None:
-            first = time.perf_counter() - started
-        n, b = count(item)
-        samples += n
-        nbytes += b
-    stats = getattr(iterator, "stats", None)  # shardstream's engine iterator; its threads are done
-    del iterator, item  # lets DataLoader workers exit before the clock stops
-    wall = time.perf_counter() - started
-    cpu = process_tree_cpu(exclude=held.pid) - cpu_start
-    held.stop()
-    sampler.stop()
+    sampler: Optional[PssSampler] = None
+    try:
+        gc.collect()
+        base_pss = tree_pss(psutil.Process(), held.pid)  # the process before the pass: interpreter, torch, the library
+        sampler = PssSampler(exclude=held.pid)
+        sampler.start()
+        held.start()
+        cpu_start = process_tree_cpu(exclude=held.pid)
+        started = time.perf_counter()
+        first = None
+        samples = nbytes = 0
+        item = None
+        iterator = iter(start_pass())
+        for item in iterator:
+            if first is None:
+                first = time.perf_counter() - started
+            n, b = count(item)
+            samples += n
+            nbytes += b
+        stats = getattr(iterator, "stats", None)  # shardstream's engine iterator; its threads are done
+        del iterator, item  # lets DataLoader workers exit before the clock stops
+        wall = time.perf_counter() - started
+        cpu = process_tree_cpu(exclude=held.pid) - cpu_start
+    finally:  # (a failed pass too: the holder must not keep its memory while the error is reported)
+        held.stop()
+        if sampler is not None:
+            sampler.stop()
+    assert sampler is not None
     text = None
     if callable(stats):
         pipeline_stats = stats()

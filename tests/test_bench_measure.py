@@ -45,28 +45,31 @@ def held_size(pid: int) -> int:
 
 
 def test_held_memory_is_handed_back_as_the_pass_takes_memory_and_freed_at_the_end(measure):
-    if measure._mem_free() < (1 << 30):
-        pytest.skip("less than 1 GiB of free memory")
-    held = measure.HeldMemory(256 << 20)
+    if psutil.virtual_memory().available < (2 << 30):
+        pytest.skip("less than 2 GiB of memory available")
+    mib = 1 << 20
+    held = measure.HeldMemory(384 * mib)
     try:
         assert held.pid is not None
-        assert held_size(held.pid) == 256 << 20  # held before the clock starts
+        assert held_size(held.pid) == 384 * mib  # held before the clock starts
         base_pss = measure.tree_pss(psutil.Process(), held.pid)
-        assert measure.tree_pss(psutil.Process()) > base_pss  # the holder's own memory is left out
+        with_holder = measure.tree_pss(psutil.Process())
+        assert with_holder - base_pss >= psutil.Process(held.pid).memory_full_info().pss // 2  # left out
         held.start()
         time.sleep(0.1)
         ahead = held_size(held.pid)
-        assert (256 << 20) - ahead <= 128 << 20  # a little ahead of the pass, not all at once
-        taken = bytearray(os.urandom(1 << 20)) * 160  # 160 MiB, every page touched
+        # a little ahead of the pass (64 MiB and a step), not all at once (some slack: other processes)
+        assert 384 * mib - ahead <= 192 * mib
+        taken = bytearray(os.urandom(mib)) * 256  # 256 MiB, every page touched
         deadline = time.monotonic() + 5.0
-        while held_size(held.pid) > ahead - (128 << 20) and time.monotonic() < deadline:
+        while held_size(held.pid) > ahead - 160 * mib and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert held_size(held.pid) <= ahead - (128 << 20)
+        assert held_size(held.pid) <= ahead - 160 * mib  # handed back as it was taken (slack: 96 MiB)
         del taken
         pid = held.pid
     finally:
         held.stop()
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(pid)  # stopped and reaped
 
 
 def test_nothing_is_held_when_asked_for_nothing(measure):

@@ -328,6 +328,7 @@ def test_each_origin_has_its_own_measurements(tmp_path, monkeypatch):
     assert far_tuning.latency > near_tuning.latency + 0.1
     assert parts._origin("http://user:secret@Example.COM:8080/a/b.tar?x=1") == "http://example.com:8080"
     assert parts._origin("s3://bucket/key/shard.tar") == "s3://bucket"
+    assert parts._origin("https://host?X-Amz-Signature=abc") == "https://host"  # no query in the key
 
 
 def test_a_window_widens_only_for_a_part_it_held_back():

@@ -84,7 +84,7 @@ class BlockWriter:
     """Writes a shard's chunks to its temp file from a thread, and publishes each full block's
     digest in the progress log as soon as the block is written.
 
-    `put` hands a chunk over (the reader waits only while MAX_QUEUED bytes are queued); `finish`
+    `put` hands chunks over (the reader waits only while MAX_QUEUED bytes are queued); `finish`
     waits for the rest and returns the digest, or None when a write failed (`error` says why);
     `cancel` drops what is queued. Both join the thread.
 

@@ -31,9 +31,9 @@ lost 4-12% of their first pass to that ramp in paired runs; starting at 32 MiB w
 back but the decode pass doubled to the budget early and added 113-115 MB again).
 
 The part size adapts to what the transfers show and to the budget. Transfers are measured per
-origin (scheme and host, `tuning_for`): a pipeline that reads a nearby server and a distant store
-sizes each one's parts, and the windows of the streams it reads from each, from that origin's
-times. With `budget` bytes granted,
+origin (scheme, host and port, `tuning_for`): a pipeline that reads a nearby server and a distant
+store sizes each one's parts from that origin's times, and its reader's window is measured against
+the latency of the origin of the stream it is reading. With `budget` bytes granted,
 throughput is about budget / (time-to-first-byte + part / per-connection rate) while the
 connections allowed (`parallel_parts`) can hold the budget: small parts win, until each spends
 most of its time waiting for its first byte. So a part is the smaller of the budget spread over
@@ -53,12 +53,13 @@ import math
 import operator
 import os
 import time
+import urllib.parse
 from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Tuple
 
 from .._base.errors import FetchError
 from .options import fetch_stats
 
-__all__ = ["Demand", "PartBudget", "demand", "parallel_stream", "part_budget", "tuned_part_size"]
+__all__ = ["Demand", "PartBudget", "demand", "parallel_stream", "part_budget", "tuning_for"]
 
 MIN_PART = 512 << 10  # smaller parts cost more requests than they save in memory
 MAX_PART = 8 << 20
@@ -130,11 +131,14 @@ MAX_ORIGINS = 256
 
 
 def _origin(url: str) -> str:
-    """Where `url`'s bytes come from, as the tuning tells origins apart: its scheme and host (an
-    S3 URL's bucket), never its credentials."""
-    scheme, _, rest = url.partition("://")
-    host = rest.split("/", 1)[0].rpartition("@")[2]
-    return f"{scheme.lower()}://{host.lower()}"
+    """Where `url`'s bytes come from, as the tuning tells origins apart: its scheme, host and port
+    (an S3 URL's bucket), never its credentials, path or query."""
+    split = urllib.parse.urlsplit(url)
+    try:
+        port = f":{split.port}" if split.port is not None else ""
+    except ValueError:  # (not a number: the fetch itself will say so)
+        port = ""
+    return f"{split.scheme.lower()}://{split.hostname or ''}{port}"
 
 
 def tuning_for(url: str) -> _Tuning:
@@ -150,12 +154,6 @@ def tuning_for(url: str) -> _Tuning:
     return tuning
 
 
-def tuned_part_size(
-    default: int = DEFAULT_PART, budget: Optional[int] = None, connections: int = 1, url: str = "",
-) -> int:
-    """The part size the transfers from `url`'s origin so far call for (`default` before any has
-    finished), no more than `budget` spread over `connections`."""
-    return tuning_for(url).part_size(default, budget, connections)
 
 
 class _Reading:
