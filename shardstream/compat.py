@@ -17,6 +17,7 @@ import yaml
 from . import filters, shardlists, utils
 from ._base.errors import UsageError
 from ._fetch.options import FetchOptions
+from ._fetch.registry import warm_fetchers
 from ._resume.states import worker_view
 from ._shard.samples import TarShardSamples
 from ._cache.shardcache import cache_from_options
@@ -247,6 +248,7 @@ class WebDataset(DataPipeline, FluidInterface):
                 )
             else:
                 self.append(shardlists.SimpleShardList(urls))
+            warm_fetchers(getattr(self.pipeline[-1], "urls", None) or ())  # (aiohttp's import, off the loop)
         else:
             raise ValueError(f"cannot handle urls of type {type(urls)}")
 

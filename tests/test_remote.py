@@ -119,6 +119,50 @@ def test_stats_count_the_retries_and_resumes_of_this_pipeline(served, shardset):
     assert "0 retries, 0 resumes, 0 errors" in it.stats().format()
 
 
+_WARM_SCRIPT = """
+import json, sys, time
+import shardstream as wds
+mode, urls, local = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+assert "aiohttp" not in sys.modules
+if mode == "warm":
+    wds.WebDataset(local, shardshuffle=False)
+    time.sleep(0.5)
+    local_only = "aiohttp" not in sys.modules
+    wds.WebDataset(urls, shardshuffle=False)  # not iterated
+    deadline = time.monotonic() + 30
+    while "aiohttp.client" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(json.dumps({"local_only": local_only, "warmed": "aiohttp.client" in sys.modules}))
+else:  # workers forked at once, while the import may still be running
+    loader = wds.WebLoader(wds.WebDataset(urls, shardshuffle=False), batch_size=None, num_workers=2)
+    print(json.dumps({"samples": sum(1 for _ in loader)}))
+"""
+
+
+def _warm_script(mode, urls, local):
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _WARM_SCRIPT, mode, json.dumps(urls), json.dumps(local)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+def test_a_remote_dataset_imports_its_fetcher_when_built_and_forks_safely(served, shardset):
+    """Built over http URLs, a WebDataset starts importing the fetcher (aiohttp) in the background,
+    so that the first fetch does not import it on the event loop's thread (over local files it
+    imports nothing). DataLoader workers forked while that import may still run wait for it and
+    read every sample."""
+    _server, urls = served
+    local = list(shardset)
+    assert _warm_script("warm", urls, local) == {"local_only": True, "warmed": True}
+    expected = len(list(wds.WebDataset(shardset, shardshuffle=False)))
+    for _ in range(3):
+        assert _warm_script("fork", urls, local) == {"samples": expected}
+
+
 def _failing_dataset(server, urls, **kw):
     options = wds.FetchOptions(retries=2, backoff_base=0.01, backoff_max=0.02)
     return wds.WebDataset(urls, shardshuffle=False, fetch_options=options, **kw)

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
+import itertools
+import os
+import sys
 import threading
-from typing import Any, AsyncGenerator, Callable, Dict, Optional, Union
+from typing import Any, AsyncGenerator, Callable, Dict, Iterable, List, Optional, Set, Union
 
 from .._base.errors import FetchError, ShardStreamError, UsageError
 from .open import open_url
 from .options import FetchOptions, note_fetch
 from .parts import parallel_stream
 
-__all__ = ["Fetcher", "fetch_stream", "fetches_natively", "register_fetcher"]
+__all__ = ["Fetcher", "fetch_stream", "fetches_natively", "register_fetcher", "warm_fetchers"]
 
 Fetcher = Callable[..., AsyncGenerator[bytes, None]]  # (url, *, options, start=0) -> chunks
 
@@ -68,6 +72,55 @@ def _resolve(entry: str, url: str) -> Any:
     except ImportError as exc:
         scheme = url.partition("://")[0]
         raise UsageError(f"{scheme}:// URLs need an optional dependency: {exc}", url=url) from exc
+
+
+# --- importing the fetchers ahead of the first fetch ---------------------------------------------
+
+_warming: List[threading.Thread] = []  # threads importing fetchers (the finished ones pruned as new ones start)
+_warmed: Set[str] = set()  # the modules they were given
+
+
+def warm_fetchers(urls: Iterable[Any], limit: int = 64) -> None:
+    """Start importing the built-in fetchers that the first `limit` of `urls` need, on a daemon
+    thread. The first fetch would import them on the event loop's thread, in the way of every
+    transfer: aiohttp, with the SSL contexts it builds at import, takes ~0.15 s, the S3 client
+    ~0.25 s. A pipeline built a while before it is iterated (a model is set up meanwhile) finds them
+    loaded, and so do the DataLoader workers it forks. A failed import is left to the first fetch,
+    which reports it. A fork waits for the thread first: a child must not inherit a module's
+    import lock held by a thread it does not have."""
+    names = set()
+    for url in itertools.islice(urls, limit):
+        entry = _entry_for(url) if isinstance(url, str) else None
+        if isinstance(entry, str):
+            name = importlib.util.resolve_name(entry.partition(":")[0], __package__)
+            if name not in sys.modules:
+                names.add(name)
+    with _registry_lock:
+        names -= _warmed
+        if not names:
+            return
+        _warmed.update(names)
+        thread = threading.Thread(target=_import_quietly, args=(sorted(names),), name="shardstream-warm", daemon=True)
+        _warming[:] = [t for t in _warming if t.is_alive()] + [thread]
+        thread.start()
+
+
+def _import_quietly(names) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - (an optional dependency missing: the first fetch says so)
+            pass
+
+
+def _finish_warming() -> None:
+    for thread in list(_warming):
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(30.0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_finish_warming)
 
 
 def _fetcher_for(url: str) -> Fetcher:
