@@ -124,7 +124,7 @@ class _Tuning:
         return self.latency if self.latency is not None else DEFAULT_LATENCY
 
 
-# One per origin (scheme and host): a pipeline that mixes a nearby server and a distant store must
+# One per origin (scheme, host and port): a pipeline that mixes a nearby server and a distant store must
 # not size the one's parts and windows from the other's times. The least recently used go first.
 _tunings: "collections.OrderedDict[str, _Tuning]" = collections.OrderedDict()
 MAX_ORIGINS = 256
@@ -152,8 +152,6 @@ def tuning_for(url: str) -> _Tuning:
     else:
         _tunings.move_to_end(origin)
     return tuning
-
-
 
 
 class _Reading:
