@@ -17,7 +17,6 @@ import yaml
 from . import filters, shardlists, utils
 from ._base.errors import UsageError
 from ._fetch.options import FetchOptions
-from ._fetch.registry import warm_fetchers
 from ._resume.states import worker_view
 from ._shard.samples import TarShardSamples
 from ._cache.shardcache import cache_from_options
@@ -248,7 +247,6 @@ class WebDataset(DataPipeline, FluidInterface):
                 )
             else:
                 self.append(shardlists.SimpleShardList(urls))
-            warm_fetchers(getattr(self.pipeline[-1], "urls", None) or ())  # (aiohttp's import, off the loop)
         else:
             raise ValueError(f"cannot handle urls of type {type(urls)}")
 

@@ -18,6 +18,7 @@ from . import utils
 from ._shard.counts import known_counts
 from ._shard.dirshards import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
 from ._fetch.listing import expand_listings
+from ._fetch.registry import warm_fetchers
 from ._plan.scheduler import ShardScheduler
 from ._plan.shards import SchedulerConfig, Shard
 from ._resume.equal_split import WORKER_SPLIT, EqualSplit
@@ -109,6 +110,7 @@ class SimpleShardList(IterableDataset):
         if not self.urls:
             raise ValueError(f"no shards match {urls!r}")
         assert isinstance(self.urls[0], str)
+        warm_fetchers(self.urls)  # (aiohttp's import, off the event loop's thread)
         if seed is True:
             seed = time.time()
         self.seed = seed
@@ -166,6 +168,7 @@ class ResampledShards(IterableDataset):
         if empty_check and len(self.urls) == 0:
             raise ValueError("empty_check=True, but no shards found in ResampledShards")
         assert isinstance(self.urls[0], str)
+        warm_fetchers(self.urls)
         self.weights = None if weights is None else _per_shard_weights(urls, weights)
         self.mix = mix if mix is not None else ("exact" if weights is not None else "random")
         if self.mix not in ("exact", "random"):

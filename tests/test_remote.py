@@ -124,11 +124,14 @@ import json, sys, time
 import shardstream as wds
 mode, urls, local = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 assert "aiohttp" not in sys.modules
-if mode == "warm":
+if mode in ("warm", "warm-pipeline"):
     wds.WebDataset(local, shardshuffle=False)
     time.sleep(0.5)
     local_only = "aiohttp" not in sys.modules
-    wds.WebDataset(urls, shardshuffle=False)  # not iterated
+    if mode == "warm":
+        wds.WebDataset(urls, shardshuffle=False)  # not iterated
+    else:  # OpenCLIP's style: a shard list in a function-style pipeline
+        wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples())
     deadline = time.monotonic() + 30
     while "aiohttp.client" not in sys.modules and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -151,13 +154,15 @@ def _warm_script(mode, urls, local):
 
 @pytest.mark.timeout(300)
 def test_a_remote_dataset_imports_its_fetcher_when_built_and_forks_safely(served, shardset):
-    """Built over http URLs, a WebDataset starts importing the fetcher (aiohttp) in the background,
+    """Built over http URLs, a WebDataset (or a function-style pipeline's shard list) starts
+    importing the fetcher (aiohttp) in the background,
     so that the first fetch does not import it on the event loop's thread (over local files it
     imports nothing). DataLoader workers forked while that import may still run wait for it and
     read every sample."""
     _server, urls = served
     local = list(shardset)
     assert _warm_script("warm", urls, local) == {"local_only": True, "warmed": True}
+    assert _warm_script("warm-pipeline", urls, local) == {"local_only": True, "warmed": True}
     expected = len(list(wds.WebDataset(shardset, shardshuffle=False)))
     for _ in range(3):
         assert _warm_script("fork", urls, local) == {"samples": expected}

@@ -61,13 +61,13 @@ class _MemoryWriter:
         self.write_many([chunk], len(chunk))
 
     def write_many(self, chunks: List[bytes], nbytes: int) -> None:
-        """Append `chunks` (`nbytes` in all)."""
+        """Append `chunks` (immutable bytes, `nbytes` in all)."""
         if self.live:
             self.size += nbytes
             if self.size > self.tier.max_bytes:
                 self.abort()
             else:
-                self.chunks.extend(chunk if type(chunk) is bytes else bytes(chunk) for chunk in chunks)
+                self.chunks.extend(chunks)
 
     def commit(self) -> bool:
         live, self.live = self.live, False

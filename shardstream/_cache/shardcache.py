@@ -322,8 +322,8 @@ class ShardCache(ClaimsAhead):
             for chunk in iterator:
                 size = len(chunk)
                 counted += size
-                if writers:
-                    batch.append(chunk)
+                if writers:  # (immutable bytes: a hit's chunks may be views of a map that closes)
+                    batch.append(chunk if type(chunk) is bytes else bytes(chunk))
                     pending += size
                     if pending >= tee_bytes:
                         for writer in writers:

@@ -303,15 +303,13 @@ class DiskWriter:
         self.write_many([chunk], len(chunk))
 
     def write_many(self, chunks: List[bytes], nbytes: int) -> None:
-        """Append `chunks` (`nbytes` in all)."""
+        """Append `chunks` (immutable bytes, `nbytes` in all)."""
         if not self.live:
             return
         self.size += nbytes
         if self.tier.max_bytes is not None and self.size > self.tier.max_bytes:
             self.abort()  # can never fit: stop paying for the copy
             return
-        if any(type(chunk) is not bytes for chunk in chunks):
-            chunks = [chunk if type(chunk) is bytes else bytes(chunk) for chunk in chunks]
         if not self.thread.put(chunks, nbytes):
             self._failed(self.thread.error)
 
