@@ -76,6 +76,14 @@ class TestTierConformance:
         assert writer.commit() is False
         assert tier.lookup("http://h/big.tar") is None
 
+    def test_told_a_size_too_big_it_gives_up_before_copying(self, tier):
+        writer = tier.writer("http://h/big.tar")
+        writer.write(b"y" * 1000)
+        writer.reserve(20_000)  # (what an origin's stream says once its headers are in)
+        assert writer.live is False and writer.commit() is False
+        assert tier.lookup("http://h/big.tar") is None
+        assert tier.counters.snapshot()["discarded"] == 1
+
     def test_pickles_as_configuration(self, tier):
         put(tier, "http://h/a.tar", b"abc")
         clone = pickle.loads(pickle.dumps(tier))

@@ -25,6 +25,7 @@ from looptools import wait_for
 from shardstream._cache.naming import _file_lock, cache_file_name
 from shardstream._cache.memory import MemoryTier
 from shardstream._cache.disk import DiskTier
+from shardstream._cache.share import preallocate
 from shardstream._base.errors import NetworkError, ShardNotFound, UsageError
 from shardstream._cache.shardcache import ShardCache, cache_from_options
 
@@ -140,6 +141,46 @@ def test_stream_through_hands_out_bytes_before_the_origin_finishes(tmp_path):
     thread.join(10)
     assert waited == [True] and b"".join(received) == data
     assert open(cache.tiers[1].path_for(url), "rb").read() == data
+
+
+class SizedStream:
+    """An origin's stream that says the object's size, as an HTTP or S3 stream does once the
+    response headers are in (`said` may be wrong)."""
+
+    def __init__(self, data: bytes, said: int) -> None:
+        self.data, self.size = data, said
+
+    def __iter__(self):
+        for i in range(0, len(self.data), 64 << 10):
+            yield self.data[i : i + (64 << 10)]
+
+
+def allocated(path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+@pytest.mark.parametrize("lies", [False, True])
+def test_a_disk_writer_preallocates_the_size_its_origin_says(tmp_path, lies):
+    """The origin's size is preallocated past the temp file's end (its length, which followers
+    read, stays the bytes written); a shard shorter than said gives the rest back."""
+    probe = os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT)
+    try:
+        if not preallocate(probe, 0, 1 << 20):
+            pytest.skip("this file system (or platform) does not preallocate")
+    finally:
+        os.close(probe)
+    url, data = shard_url(0), random.Random(5).randbytes(6 << 20)
+    said = len(data) + (8 << 20 if lies else 0)
+    tier = DiskTier(str(tmp_path / "cache"), None)
+    stream = ShardCache([tier]).stream(url, lambda u: SizedStream(data, said))
+    received = [next(stream) for _ in range(40)]  # 2.5 MiB: the writer has had a batch or two
+    [temp] = [path for path in temps(tmp_path / "cache") if not path.endswith(".sums.tmp")]
+    assert wait_for(lambda: allocated(temp) >= said)
+    assert os.path.getsize(temp) < len(data)
+    assert b"".join(received + list(stream)) == data
+    path = tier.path_for(url)
+    assert open(path, "rb").read() == data
+    assert allocated(path) < len(data) + (1 << 20)  # nothing past the end kept
 
 
 def test_nothing_is_committed_while_streaming(tmp_path):

@@ -60,6 +60,11 @@ class _MemoryWriter:
     def write(self, chunk: bytes) -> None:
         self.write_many([chunk], len(chunk))
 
+    def reserve(self, size: int) -> None:
+        """The shard will be `size` bytes long: give up now when it can never fit."""
+        if self.live and size > self.tier.max_bytes:
+            self.abort()
+
     def write_many(self, chunks: List[bytes], nbytes: int) -> None:
         """Append `chunks` (immutable bytes, `nbytes` in all)."""
         if self.live:

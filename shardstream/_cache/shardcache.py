@@ -58,6 +58,14 @@ class _AfterAll:
             self._then()
 
 
+def _reserve(writers: List, size: Optional[int]) -> None:
+    """Tell the writers the shard's size (a disk writer preallocates it; one that cannot hold
+    it gives up before copying more)."""
+    if size:
+        for writer in writers:
+            writer.reserve(size)
+
+
 def _close(obj) -> None:
     close = getattr(obj, "close", None)
     if close is not None:
@@ -316,6 +324,7 @@ class ShardCache(ClaimsAhead):
         iterator = iter(chunks)
         batch: List[bytes] = []  # chunks not yet handed to the writers, `pending` bytes
         pending = counted = 0  # (counted: bytes delivered and not yet in `counters`)
+        reserved = False  # (whether the writers were told the shard's size)
         # (at most a block: a follower in another process waits for whole blocks, no longer)
         tee_bytes = min([TEE_BYTES, *(getattr(writer, "block_size", TEE_BYTES) for writer in writers)])
         try:
@@ -326,6 +335,9 @@ class ShardCache(ClaimsAhead):
                     batch.append(chunk if type(chunk) is bytes else bytes(chunk))
                     pending += size
                     if pending >= tee_bytes:
+                        if not reserved:  # (the origin has said its size by now, when it says it)
+                            reserved = True
+                            _reserve(writers, getattr(chunks, "size", None))
                         for writer in writers:
                             writer.write_many(batch, pending)
                         batch, pending = [], 0

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import glob
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -37,7 +39,10 @@ from .check import BlockDigest, block_digest
 from .naming import _unlink, cache_file_name
 from .._base.errors import FetchError, redact_url
 
-__all__ = ["BlockWriter", "DiskWriter", "FollowEnd", "PendingCommits", "follow", "open_progress_log", "progress_log_path"]
+__all__ = [
+    "BlockWriter", "DiskWriter", "FollowEnd", "PendingCommits", "follow", "open_progress_log", "preallocate",
+    "progress_log_path",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +85,45 @@ def _write_chunks(fd: int, chunks: List, nbytes: int) -> None:
             view = view[os.write(fd, view) :]
 
 
+_FALLOC_FL_KEEP_SIZE = 1
+_fallocate: Any = None  # libc's fallocate, looked up on first use (False: not there)
+
+
+def preallocate(fd: int, offset: int, length: int) -> bool:
+    """Reserve `length` bytes of disk for `fd` from `offset`, past its end, without changing its
+    length (Linux `fallocate` with FALLOC_FL_KEEP_SIZE: followers read the length as the bytes
+    written). ext4 then maps the blocks once, instead of a delayed-allocation reservation for every
+    page written: 480 MB written in 1 MiB batches took 0.063 s of system time against 0.092 s here.
+    Where the platform or the file system lacks it, nothing happens (False). Never `posix_fallocate`:
+    it changes the length, and glibc emulates it by writing a byte per block."""
+    global _fallocate
+    if _fallocate is None:
+        function = None
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                function = getattr(libc, "fallocate64", None)  # (64-bit offsets on every ABI)
+                if function is None and ctypes.sizeof(ctypes.c_long) == 8:
+                    function = libc.fallocate  # (a libc without the LFS64 names: off_t is 64-bit here)
+                function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+                function.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                function = None
+        _fallocate = function or False
+    if not _fallocate or length <= 0:
+        return False
+    return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0
+
+
 class BlockWriter:
     """Writes a shard's chunks to its temp file from a thread, and publishes each full block's
     digest in the progress log as soon as the block is written.
 
-    `put` hands chunks over (the reader waits only while MAX_QUEUED bytes are queued); `finish`
-    waits for the rest and returns the digest, or None when a write failed (`error` says why);
-    `cancel` drops what is queued. Both join the thread.
+    `put` hands chunks over (the reader waits only while MAX_QUEUED bytes are queued); `reserve`
+    says how long the shard will be, so that the thread preallocates its blocks before the next
+    write (and gives back what was not written when it finishes); `finish` waits for the rest and
+    returns the digest, or None when a write failed (`error` says why); `cancel` drops what is
+    queued. Both join the thread.
 
     The thread is woken once a block's worth of bytes is queued, not for every chunk: a block is
     what a follower waits for anyway, and one write per block takes ~460 wake-ups for 463 MB of
@@ -100,6 +137,8 @@ class BlockWriter:
         self._wake = min(block_size, MAX_QUEUED // 2)  # (a put blocks at MAX_QUEUED: wake before)
         self._queue: collections.deque = collections.deque()
         self._queued = 0
+        self.written = 0  # bytes written (by the thread)
+        self._reserve = self._tried = self._reserved = 0  # preallocate up to; tried up to; done up to
         self._cond = threading.Condition()
         self._closing = self._cancelled = False
         self._then: Optional[Callable[[Optional[BlockDigest]], None]] = None
@@ -126,6 +165,11 @@ class BlockWriter:
                 self._cond.notify_all()
         return True
 
+    def reserve(self, size: int) -> None:
+        """The shard will be `size` bytes long: preallocate them before the next write."""
+        with self._cond:
+            self._reserve = max(self._reserve, size)
+
     def _publish(self, index: int, digest: int) -> None:
         os.write(self.log_fd, _DIGEST.pack(digest))
 
@@ -145,13 +189,21 @@ class BlockWriter:
             with cond:
                 while self._queued < self._wake and not self._closing and not self._cancelled:
                     cond.wait()
-                if self._cancelled or not self._queue:
+                if self._cancelled:
                     return
+                if not self._queue:
+                    break
                 batch = list(self._queue)  # everything queued: one writev, one wake-up
                 self._queue.clear()
+                reserve = self._reserve
             nbytes = sum(len(chunk) for chunk in batch)
             try:
+                if reserve > self._tried:  # (once per size said: a file system without it says no once)
+                    self._tried = reserve
+                    if reserve > self.written + nbytes and preallocate(self.fd, self.written, reserve - self.written):
+                        self._reserved = reserve
                 _write_chunks(self.fd, batch, nbytes)
+                self.written += nbytes
                 for chunk in batch:
                     self.digest.update(chunk)  # after the write: a published digest covers bytes on disk
             except OSError as exn:
@@ -164,6 +216,11 @@ class BlockWriter:
             with cond:
                 self._queued -= nbytes
                 cond.notify_all()
+        if self._reserved > self.written:  # (a shard shorter than its origin said: never committed)
+            try:
+                os.ftruncate(self.fd, self.written)  # gives back the preallocated blocks past the end
+            except OSError as exn:
+                self.error = exn
 
     def finish(self) -> Optional[BlockDigest]:
         with self._cond:
@@ -301,6 +358,16 @@ class DiskWriter:
 
     def write(self, chunk: bytes) -> None:
         self.write_many([chunk], len(chunk))
+
+    def reserve(self, size: int) -> None:
+        """The shard will be `size` bytes long (its origin said so): preallocate it on disk, or
+        give up now when it can never fit."""
+        if not self.live:
+            return
+        if self.tier.max_bytes is not None and size > self.tier.max_bytes:
+            self.abort()
+        else:
+            self.thread.reserve(size)
 
     def write_many(self, chunks: List[bytes], nbytes: int) -> None:
         """Append `chunks` (immutable bytes, `nbytes` in all)."""
