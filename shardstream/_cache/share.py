@@ -98,17 +98,18 @@ def preallocate(fd: int, offset: int, length: int) -> bool:
     it changes the length, and glibc emulates it by writing a byte per block."""
     global _fallocate
     if _fallocate is None:
-        function = None
+        function: Any = None
         if sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
                 function = getattr(libc, "fallocate64", None)  # (64-bit offsets on every ABI)
                 if function is None and ctypes.sizeof(ctypes.c_long) == 8:
                     function = libc.fallocate  # (a libc without the LFS64 names: off_t is 64-bit here)
-                function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-                function.restype = ctypes.c_int
             except (OSError, AttributeError):
                 function = None
+        if function is not None:
+            function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            function.restype = ctypes.c_int
         _fallocate = function or False
     if not _fallocate or length <= 0:
         return False
