@@ -132,6 +132,8 @@ class Rep:
         cpu_s: user+sys CPU of the process and its children during the pass, less the memory sampler's.
         peak_pss_mb: the highest PSS of the process tree seen by the sampler (every ~50 ms).
         base_pss_mb: the process tree's PSS just before the pass (interpreter, torch, the library).
+        server_cpu_s: user+sys CPU of the server process during the pass (None: local files). On a
+            machine the server shares, it is CPU the loader does not get.
     """
 
     samples: int
@@ -141,6 +143,7 @@ class Rep:
     cpu_s: float
     peak_pss_mb: float
     base_pss_mb: float = 0.0
+    server_cpu_s: Optional[float] = None
 
     @property
     def rate(self) -> float:
@@ -247,6 +250,8 @@ class Result:
                 "wall_s": first.wall_s,
                 "first_sample_s": first.first_s,
                 "cpu_s_per_1k": 1000 * first.cpu_s / first.samples if first.samples else None,
+                "server_cpu_s_per_1k": (1000 * first.server_cpu_s / first.samples
+                                        if first.samples and first.server_cpu_s is not None else None),
                 "peak_pss_mb": self.peak_pss_mb,
                 "added_pss_mb": self.added_pss_mb,
             },
@@ -273,17 +278,17 @@ def merge(runs: list[Result]) -> Result:
 
 def run_config(config: Config, urls: list[str], *, repeat: int, expected_samples: int,
                timeout_s: float, warm: Optional[list[str]] = None, env: Optional[dict] = None,
-               corpus_bytes: int = 0) -> Result:
+               corpus_bytes: int = 0, server_pid: Optional[int] = None) -> Result:
     """Measure `config` in a fresh Python subprocess (`measure.py`) and check its sample counts.
 
     `urls` are what the workload reads; `warm` the local shard files the child reads once first
     (default: `urls`, which must then be local); `env` is set in the child's environment (a None
-    value unsets the variable).
+    value unsets the variable); `server_pid` the server process whose CPU each pass also measures.
     """
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec = {"config": asdict(config), "urls": urls, "warm": urls if warm is None else warm,
-                "repeat": repeat}
+                "repeat": repeat, "server_pid": server_pid}
         spec_path.write_text(json.dumps(spec))
         command = [sys.executable, str(HERE / "measure.py"), str(spec_path), str(result_path)]
         child_env = dict(os.environ)

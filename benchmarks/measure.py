@@ -159,6 +159,17 @@ def process_tree_cpu(exclude: Optional[int] = None) -> float:
     return total
 
 
+def server_cpu(pid: Optional[int]) -> Optional[float]:
+    """User+sys CPU seconds of the server process `pid` and its children (None: no server, or gone)."""
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def tree_pss(process: psutil.Process, exclude: Optional[int] = None) -> int:
     """PSS bytes of `process` and all its descendants but `exclude` (a pid) (shared pages are split
     fairly between them)."""
@@ -199,10 +210,10 @@ class PssSampler(threading.Thread):
         self.join()
 
 
-def timed_pass(start_pass, count, hold: int = 0) -> tuple[Rep, Optional[str]]:
+def timed_pass(start_pass, count, hold: int = 0, server_pid: Optional[int] = None) -> tuple[Rep, Optional[str]]:
     """Run one pass; `start_pass()` returns the iterable, `count(item)` its (samples, bytes).
     `hold` bytes of touched memory are handed back to the kernel as the pass takes memory
-    (`HeldMemory`).
+    (`HeldMemory`); the CPU of the server process `server_pid` is measured beside the pass's.
 
     Returns the figures, and shardstream's `stats().format()` of the pass when the iterator has one
     (read after the clock stops; a DataLoader's iterator has none).
@@ -218,7 +229,7 @@ def timed_pass(start_pass, count, hold: int = 0) -> tuple[Rep, Optional[str]]:
         sampler = PssSampler(exclude=held.pid)
         sampler.start()
         held.start()
-        cpu_start = process_tree_cpu(exclude=held.pid)
+        cpu_start, server_start = process_tree_cpu(exclude=held.pid), server_cpu(server_pid)
         started = time.perf_counter()
         first = None
         samples = nbytes = 0
@@ -233,7 +244,7 @@ def timed_pass(start_pass, count, hold: int = 0) -> tuple[Rep, Optional[str]]:
         stats = getattr(iterator, "stats", None)  # shardstream's engine iterator; its threads are done
         del iterator, item  # lets DataLoader workers exit before the clock stops
         wall = time.perf_counter() - started
-        cpu = process_tree_cpu(exclude=held.pid) - cpu_start
+        cpu, server_end = process_tree_cpu(exclude=held.pid) - cpu_start, server_cpu(server_pid)
     finally:  # (a failed pass too: the holder must not keep its memory while the error is reported)
         held.stop()
         if sampler is not None:
@@ -245,7 +256,8 @@ def timed_pass(start_pass, count, hold: int = 0) -> tuple[Rep, Optional[str]]:
         text = pipeline_stats.format() if pipeline_stats is not None else None
     rep = Rep(samples=samples, bytes=nbytes, wall_s=wall, first_s=first if first is not None else wall,
               cpu_s=max(0.0, cpu - sampler.own_cpu_s), peak_pss_mb=sampler.peak / 2**20,
-              base_pss_mb=base_pss / 2**20)
+              base_pss_mb=base_pss / 2**20,
+              server_cpu_s=None if server_start is None or server_end is None else server_end - server_start)
     return rep, text
 
 
@@ -267,7 +279,8 @@ def main(spec_path: str, result_path: str) -> None:
     reps, stats = [], None
     try:
         for _ in range(spec["repeat"]):
-            rep, stats = timed_pass(start_pass, workload.count, hold=corpus_bytes + (512 << 20))
+            rep, stats = timed_pass(start_pass, workload.count, hold=corpus_bytes + (512 << 20),
+                                    server_pid=spec.get("server_pid"))
             reps.append(rep)
     finally:
         close = getattr(start_pass, "close", None)

@@ -11,8 +11,8 @@ from harness import Comparison, Result
 
 __all__ = ["baseline_of", "format_comparisons", "format_table", "format_verdicts", "plot", "write_json"]
 
-COLUMNS = ("workload", "config", "samples/s", "best of N", "MB/s", "ratio", "first ms", "CPU s/1k", "peak PSS MB",
-           "added MB")
+COLUMNS = ("workload", "config", "samples/s", "best of N", "MB/s", "ratio", "first ms", "CPU s/1k", "server CPU",
+           "peak PSS MB", "added MB")
 COLOURS = {"webdataset": "#8c8c8c", "shardstream": "#1f77b4", "limit": "#2ca02c"}
 
 
@@ -38,7 +38,7 @@ def row(result: Result, results: list[Result]) -> list[str]:
     """One table row; a failed configuration shows its error instead of figures."""
     config, first = result.config, result.first
     if result.error or first is None:
-        return [config.workload, config.name, f"FAILED: {result.error}", "", "", "", "", "", "", ""]
+        return [config.workload, config.name, f"FAILED: {result.error}", *[""] * (len(COLUMNS) - 3)]
     scaled = config.rate_scale != 1  # the limit: per-pass figures are of one thread, not comparable
     rel = ratio(result, results)
     mb_per_s = result.mb_per_s
@@ -51,6 +51,7 @@ def row(result: Result, results: list[Result]) -> list[str]:
         "-" if rel is None else f"{rel:.2f}x",
         "-" if scaled else f"{1000 * first.first_s:.0f}",
         "-" if scaled else f"{1000 * first.cpu_s / first.samples:.2f}",
+        "-" if scaled or first.server_cpu_s is None else f"{1000 * first.server_cpu_s / first.samples:.2f}",
         "-" if scaled else f"{result.peak_pss_mb:.0f}",
         "-" if scaled or result.added_pss_mb is None else f"{result.added_pss_mb:.0f}",
     ]
@@ -70,8 +71,10 @@ def format_table(results: list[Result], header: str) -> str:
     names = ", ".join(f"{w}: {b.config.name if b else 'none'}" for w, b in bases.items())
     ratio_line = (f"ratio = samples/s over the workload's baseline: its fastest webdataset config, or the "
                   f"config marked as its reference ({names})")
-    lines += ["", "samples/s, MB/s, first ms, CPU s/1k, peak PSS MB: the first pass of a fresh process (what a training job "
+    lines += ["", "samples/s, MB/s, first ms, CPU s/1k, server CPU, peak PSS MB: the first pass of a fresh process (what a training job "
               "sees each epoch; with --processes, the median of the processes' first passes); best of N: the fastest pass",
+              "CPU s/1k = CPU seconds of the loader's process tree per 1,000 samples; server CPU = the same for the "
+              "HTTP or S3 server process (on this machine it shares the cores with the loader)",
               "MB/s = shard bytes read per second (1 MB = 1e6 bytes); added MB = the first pass's peak PSS less "
               "the process's PSS just before it (what the loader added: its workers or threads, buffers, lazy imports; "
               "'-' after an untimed pass in the same process)",

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     remote = remotes[config.source]
                     result = run_config(config, remote.urls, repeat=args.repeat, expected_samples=args.samples,
                                         timeout_s=args.timeout, warm=urls, env=remote.env,
-                                        corpus_bytes=corpus_bytes)
+                                        corpus_bytes=corpus_bytes, server_pid=remote.pid)
                 print(f"FAILED: {result.error}" if result.error else f"{result.rate:,.0f} samples/s", flush=True)
                 runs[config.key].append(result)
     results = [merge(runs[config.key]) for config in configs]

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator, Optional
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 HTTP_LATENCY_MS = 50
@@ -33,11 +34,14 @@ def _import_from(folder: str, module: str):
 
 
 class Remote:
-    """Where a source's shards are: their URLs, and environment variables for the child (None: unset)."""
+    """Where a source's shards are: their URLs, environment variables for the child (None: unset),
+    and the pid of the server process (None: local files), whose CPU the child measures per pass."""
 
-    def __init__(self, urls: list[str], env: Optional[dict[str, Optional[str]]] = None) -> None:
+    def __init__(self, urls: list[str], env: Optional[dict[str, Optional[str]]] = None,
+                 pid: Optional[int] = None) -> None:
         self.urls = urls
         self.env = env or {}
+        self.pid = pid
 
 
 @contextlib.contextmanager
@@ -48,7 +52,7 @@ def http_server(paths: list[str], *, latency_ms: float = HTTP_LATENCY_MS,
     folder = Path(paths[0]).parent
     proc, base_url = shardserver.start_subprocess(folder, latency_ms=latency_ms, bandwidth=bandwidth)
     try:
-        yield Remote([f"{base_url}/{Path(p).relative_to(folder).as_posix()}" for p in paths])
+        yield Remote([f"{base_url}/{Path(p).relative_to(folder).as_posix()}" for p in paths], pid=proc.pid)
     finally:
         shardserver.stop_subprocess(proc)
 
@@ -81,4 +85,20 @@ def s3_server(paths: list[str], bucket: str = S3_BUCKET) -> Iterator[Remote]:
                     client.put_object(Bucket=bucket, Key=Path(path).name, Body=body)
         finally:
             client.close()
-        yield Remote([f"s3://{bucket}/{Path(p).name}" for p in paths], s3_env(endpoint, scratch))
+        yield Remote([f"s3://{bucket}/{Path(p).name}" for p in paths], s3_env(endpoint, scratch),
+                     pid=_child_serving(endpoint))
+
+
+def _child_serving(endpoint: str) -> Optional[int]:
+    """The pid of this process's child started with `endpoint`'s port on its command line (moto's
+    server), or None."""
+    import psutil
+
+    port = str(urlsplit(endpoint).port)
+    for child in psutil.Process().children():
+        try:
+            if port in child.cmdline():
+                return child.pid
+        except psutil.Error:
+            pass
+    return None

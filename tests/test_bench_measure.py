@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 
@@ -77,3 +78,27 @@ def test_nothing_is_held_when_asked_for_nothing(measure):
     assert held.pid is None
     held.start()
     held.stop()
+
+
+def test_a_pass_measures_its_server_s_cpu_beside_its_own(measure):
+    """The server process's CPU during the pass is measured (a server on the loader's machine takes
+    CPU the loader does not get), and left out of the pass's own."""
+    spin = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+    # not our child (as in the benchmark, where run.py starts the server): its shell exits at once
+    started = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" >/dev/null 2>&1 & echo $!', spin],
+                             capture_output=True, text=True, check=True)
+    server = psutil.Process(int(started.stdout))
+    try:
+        time.sleep(0.2)
+
+        def start_pass():
+            time.sleep(0.5)  # the loader idles while the server spins
+            return range(10)
+
+        rep, _ = measure.timed_pass(start_pass, lambda item: (1, 0), server_pid=server.pid)
+        assert rep.server_cpu_s >= 0.3 and rep.cpu_s < 0.2
+        rep, _ = measure.timed_pass(lambda: range(10), lambda item: (1, 0))
+        assert rep.server_cpu_s is None  # local files: no server
+    finally:
+        server.kill()
+        server.wait(10)
