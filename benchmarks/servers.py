@@ -16,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator, Optional
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 HTTP_LATENCY_MS = 50
@@ -75,7 +74,8 @@ def s3_server(paths: list[str], bucket: str = S3_BUCKET) -> Iterator[Remote]:
     import boto3
 
     motoserver = _import_from("tests", "motoserver")
-    with motoserver.moto_server() as endpoint, tempfile.TemporaryDirectory(prefix="bench-aws-") as scratch:
+    pids: list[int] = []
+    with motoserver.moto_server(pids=pids) as endpoint, tempfile.TemporaryDirectory(prefix="bench-aws-") as scratch:
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                               aws_access_key_id="testing", aws_secret_access_key="testing")
         try:
@@ -86,19 +86,5 @@ def s3_server(paths: list[str], bucket: str = S3_BUCKET) -> Iterator[Remote]:
         finally:
             client.close()
         yield Remote([f"s3://{bucket}/{Path(p).name}" for p in paths], s3_env(endpoint, scratch),
-                     pid=_child_serving(endpoint))
+                     pid=pids[0])
 
-
-def _child_serving(endpoint: str) -> Optional[int]:
-    """The pid of this process's child started with `endpoint`'s port on its command line (moto's
-    server), or None."""
-    import psutil
-
-    port = str(urlsplit(endpoint).port)
-    for child in psutil.Process().children():
-        try:
-            if port in child.cmdline():
-                return child.pid
-        except psutil.Error:
-            pass
-    return None

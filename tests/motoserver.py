@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
@@ -56,8 +56,9 @@ def _command(port: int) -> list:
 
 
 @contextlib.contextmanager
-def moto_server(timeout: float = 30.0) -> Iterator[str]:
-    """Start moto_server on a free port, wait until it answers, yield its URL, then stop it."""
+def moto_server(timeout: float = 30.0, pids: Optional[list] = None) -> Iterator[str]:
+    """Start moto_server on a free port, wait until it answers, yield its URL, then stop it. The
+    server's pid is appended to `pids` when given (the benchmarks measure its CPU)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # Werkzeug logs every request: a file, not a pipe nobody drains (a full pipe blocks the server).
@@ -78,6 +79,8 @@ def moto_server(timeout: float = 30.0) -> Iterator[str]:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"moto_server did not answer on {url} within {timeout}s")
                     time.sleep(0.1)
+            if pids is not None:
+                pids.append(proc.pid)
             yield url
         finally:
             proc.terminate()

@@ -52,6 +52,7 @@ _DIGEST = struct.Struct(">Q")
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
 WRITE_STALL = 60.0  # seconds the writer thread may take no data before the write is given up
+PREALLOCATE_SPARE = 256 << 20  # bytes of free disk a preallocation leaves, at least
 UNSTARTED_WAIT = 1.0  # seconds a follower waits on a claim whose write has not begun before `on_stuck`
 _RECHECK = 1.0  # a follower without news for this long looks at its deadlines again
 
@@ -116,6 +117,16 @@ def preallocate(fd: int, offset: int, length: int) -> bool:
     return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0
 
 
+def _fits(fd: int, length: int) -> bool:
+    """Whether `length` more bytes leave the file system of `fd` PREALLOCATE_SPARE bytes free: a size
+    an origin announces must not take the disk that other writers and the cache's records need."""
+    try:
+        stats = os.fstatvfs(fd)
+    except OSError:
+        return False
+    return length + PREALLOCATE_SPARE <= stats.f_bavail * stats.f_frsize
+
+
 class BlockWriter:
     """Writes a shard's chunks to its temp file from a thread, and publishes each full block's
     digest in the progress log as soon as the block is written.
@@ -139,7 +150,7 @@ class BlockWriter:
         self._queue: collections.deque = collections.deque()
         self._queued = 0
         self.written = 0  # bytes written (by the thread)
-        self._reserve = self._tried = self._reserved = 0  # preallocate up to; tried up to; done up to
+        self._reserve = self._tried = 0  # bytes to preallocate up to; preallocation tried up to
         self._cond = threading.Condition()
         self._closing = self._cancelled = False
         self._then: Optional[Callable[[Optional[BlockDigest]], None]] = None
@@ -201,8 +212,8 @@ class BlockWriter:
             try:
                 if reserve > self._tried:  # (once per size said: a file system without it says no once)
                     self._tried = reserve
-                    if reserve > self.written + nbytes and preallocate(self.fd, self.written, reserve - self.written):
-                        self._reserved = reserve
+                    if reserve > self.written + nbytes and _fits(self.fd, reserve - self.written):
+                        preallocate(self.fd, self.written, reserve - self.written)
                 _write_chunks(self.fd, batch, nbytes)
                 self.written += nbytes
                 for chunk in batch:
@@ -217,7 +228,7 @@ class BlockWriter:
             with cond:
                 self._queued -= nbytes
                 cond.notify_all()
-        if self._reserved > self.written:  # (a shard shorter than its origin said: never committed)
+        if self._tried > self.written:  # (shorter than its origin said; a failed try may have kept some)
             try:
                 os.ftruncate(self.fd, self.written)  # gives back the preallocated blocks past the end
             except OSError as exn:
