@@ -245,6 +245,54 @@ def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
         holder.join(10)
 
 
+def _giving_up_writer(cache_dir, url, block_size, marker):
+    from shardstream._cache.disk import DiskTier
+    from shardstream._cache.shardcache import ShardCache
+
+    def origin(u):
+        data = _data(u)
+        yield data[: 2 * block_size]  # past its tier's bound: it gives up caching the shard
+        open(marker, "w").close()
+        time.sleep(60)  # and its reader stops (holding on to the stream)
+        yield data[2 * block_size :]
+
+    tier = DiskTier(cache_dir, block_size + block_size // 2, chunk_size=block_size)
+    for _ in ShardCache([tier]).stream(url, origin):
+        pass
+
+
+def test_a_writer_that_gives_up_lets_a_follower_take_the_shard_at_once(tmp_path):
+    """A process that stops caching a shard (too big for its bound, a failed write) lets its claim
+    go at once: a process that wants the shard meanwhile takes the claim and caches it itself,
+    instead of waiting for a write that will never come until its stall timeout."""
+    from shardstream._cache.disk import DiskTier
+    from shardstream._cache.shardcache import ShardCache
+
+    cache_dir, url, block = str(tmp_path / "cache"), "http://h/s.tar", 1 << 20
+    marker = str(tmp_path / "gave-up")
+    os.makedirs(cache_dir)
+    holder = multiprocessing.get_context("fork").Process(target=_giving_up_writer,
+                                                         args=(cache_dir, url, block, marker))
+    holder.start()
+    try:
+        assert wait_for(lambda: os.path.exists(marker), 60), "the holder never got past its bound"
+        cache = ShardCache([DiskTier(cache_dir, None, chunk_size=block, stall_timeout=60.0)])
+        fetched = []
+
+        def origin(u):
+            fetched.append(u)
+            return _origin(u)
+
+        start = time.monotonic()
+        assert b"".join(cache.stream(url, origin)) == _data(url)
+        assert time.monotonic() - start < 10 and fetched == [url]
+        cache.settle()
+        assert open(cache.tiers[0].path_for(url), "rb").read() == _data(url)  # cached by the follower
+    finally:
+        holder.kill()
+        holder.join(10)
+
+
 def test_the_reader_goes_on_while_a_shard_is_committed(server, files, tmp_path, monkeypatch):
     """A commit (the last block's write, the sidecar, the rename) runs on the writer thread: with
     shard 0's commit held up, the reader already hands out shard 1's samples; the pass ends with

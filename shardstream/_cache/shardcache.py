@@ -66,6 +66,19 @@ def _reserve(writers: List, size: Optional[int]) -> None:
             writer.reserve(size)
 
 
+def _without_dead(writers: List, claims: Optional[Dict[str, object]]) -> List:
+    """The writers still writing. One that gave up (a shard too big for its tier, a failed write)
+    lets its tier's claim go at once: another process that wants the shard follows a write that
+    will never come, until its stall timeout; now it takes the claim and fetches the shard itself."""
+    live = []
+    for writer in writers:
+        if writer.live:
+            live.append(writer)
+        elif claims and writer.tier.name in claims:
+            release_claims({writer.tier.name: claims.pop(writer.tier.name)})
+    return live
+
+
 def _close(obj) -> None:
     close = getattr(obj, "close", None)
     if close is not None:
@@ -341,6 +354,8 @@ class ShardCache(ClaimsAhead):
                         for writer in writers:
                             writer.write_many(batch, pending)
                         batch, pending = [], 0
+                        if not all(writer.live for writer in writers):
+                            writers = _without_dead(writers, claims)
                 if counted >= TEE_BYTES:
                     counters.add(bytes_served=counted)
                     counted = 0
