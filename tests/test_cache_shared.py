@@ -216,9 +216,26 @@ def _stuck_writer(cache_dir, url, block_size):
         pass
 
 
-def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
+def _read_within(cache_dir, url, block, stall_timeout, seconds):
+    """Read `url` through a fresh disk cache in `cache_dir` within `seconds`, fetching it from the
+    origin once; return the cache."""
     from shardstream._cache.disk import DiskTier
     from shardstream._cache.shardcache import ShardCache
+
+    cache = ShardCache([DiskTier(cache_dir, None, chunk_size=block, stall_timeout=stall_timeout)])
+    fetched = []
+
+    def origin(u):
+        fetched.append(u)
+        return _origin(u)
+
+    start = time.monotonic()
+    assert b"".join(cache.stream(url, origin)) == _data(url)
+    assert time.monotonic() - start < seconds and fetched == [url]
+    return cache
+
+
+def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
 
     cache_dir, url, block = str(tmp_path / "cache"), "http://h/s.tar", 1 << 20
     os.makedirs(cache_dir)
@@ -227,16 +244,7 @@ def test_a_follower_of_a_stalled_write_reads_on_from_the_origin(tmp_path):
     try:
         assert wait_for(lambda: any(os.path.getsize(p) >= 16 + 2 * 8 for p in glob.glob(f"{cache_dir}/.*.sums.tmp")),
                         60), "the holder published no two blocks"
-        cache = ShardCache([DiskTier(cache_dir, None, chunk_size=block, stall_timeout=1.0)])
-        fetched = []
-
-        def origin(u):
-            fetched.append(u)
-            return _origin(u)
-
-        start = time.monotonic()
-        assert b"".join(cache.stream(url, origin)) == _data(url)  # two blocks followed, the rest fetched
-        assert time.monotonic() - start < 10 and fetched == [url]
+        cache = _read_within(cache_dir, url, block, 1.0, seconds=10)  # two blocks followed, the rest fetched
         disk = cache.stats()["disk"]
         assert disk["followed"] == 1 and disk["bypassed"] == 1 and disk["bytes_served"] == 2 * block
         assert not os.path.exists(cache.tiers[0].path_for(url))  # the holder's claim stays its own
@@ -265,8 +273,6 @@ def test_a_writer_that_gives_up_lets_a_follower_take_the_shard_at_once(tmp_path)
     """A process that stops caching a shard (too big for its bound, a failed write) lets its claim
     go at once: a process that wants the shard meanwhile takes the claim and caches it itself,
     instead of waiting for a write that will never come until its stall timeout."""
-    from shardstream._cache.disk import DiskTier
-    from shardstream._cache.shardcache import ShardCache
 
     cache_dir, url, block = str(tmp_path / "cache"), "http://h/s.tar", 1 << 20
     marker = str(tmp_path / "gave-up")
@@ -276,16 +282,7 @@ def test_a_writer_that_gives_up_lets_a_follower_take_the_shard_at_once(tmp_path)
     holder.start()
     try:
         assert wait_for(lambda: os.path.exists(marker), 60), "the holder never got past its bound"
-        cache = ShardCache([DiskTier(cache_dir, None, chunk_size=block, stall_timeout=60.0)])
-        fetched = []
-
-        def origin(u):
-            fetched.append(u)
-            return _origin(u)
-
-        start = time.monotonic()
-        assert b"".join(cache.stream(url, origin)) == _data(url)
-        assert time.monotonic() - start < 10 and fetched == [url]
+        cache = _read_within(cache_dir, url, block, 60.0, seconds=10)
         cache.settle()
         assert open(cache.tiers[0].path_for(url), "rb").read() == _data(url)  # cached by the follower
     finally:
