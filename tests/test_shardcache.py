@@ -189,6 +189,18 @@ def test_a_disk_writer_preallocates_the_size_its_origin_says(tmp_path, said):
     assert allocated(path) < len(data) + (1 << 20)  # nothing past the end kept
 
 
+def test_without_fallocate_a_disk_writer_writes_as_before(tmp_path, monkeypatch):
+    """A platform or file system without fallocate: nothing is preallocated, the shard is cached."""
+    from shardstream._cache import share
+
+    monkeypatch.setattr(share, "_fallocate", False)
+    url, data = shard_url(0), random.Random(6).randbytes(3 << 20)
+    tier = DiskTier(str(tmp_path / "cache"), None)
+    assert b"".join(ShardCache([tier]).stream(url, lambda u: SizedStream(data, len(data) + (8 << 20)))) == data
+    assert open(tier.path_for(url), "rb").read() == data
+    assert allocated(tier.path_for(url)) < len(data) + (1 << 20)
+
+
 def test_nothing_is_committed_while_streaming(tmp_path):
     url, data = shard_url(0), shard_bytes(shard_url(0))
     origin = Origin()
