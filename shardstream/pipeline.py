@@ -270,7 +270,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self.engine_config or engine_defaults()
 
     def _use_engine(self, config: EngineConfig) -> bool:
-        if not config.enabled or len(self.pipeline) < 2:
+        if not config.enabled or len(self.pipeline) < 2 or config.crowded_worker():
             return False
         # A DataLoader source forks worker processes; keep it in the caller's thread (forking
         # while other threads hold locks is unsafe) and let its workers do the parallel work.

@@ -207,6 +207,31 @@ def test_dataloader_workers_run_the_engine(shardset, num_workers):
     assert sorted(k for (k,) in plain) == expected
 
 
+def _one_core(_worker_id):
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def _thread_name(sample):
+    return threading.current_thread().name
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+@pytest.mark.parametrize("threads", [None, 2])
+def test_workers_with_a_core_or_less_each_run_without_engine_threads(shardset, threads):
+    """Two workers with one core each: the processes are the parallelism, so each runs its pipeline
+    in its own thread (as webdataset does); with `threads` set, the engine runs as asked."""
+    ds = wds.WebDataset(shardset, shardshuffle=False).map(_thread_name)
+    if threads is not None:
+        ds = ds.with_engine(threads=threads)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=2, worker_init_fn=_one_core)
+    names = list(loader)
+    assert len(names) == len(list(wds.WebDataset(shardset, shardshuffle=False)))
+    if threads is None:
+        assert set(names) == {"MainThread"}
+    else:
+        assert "MainThread" not in set(names)
+
+
 def test_with_epoch_restarts_passes_on_the_engine(shardset):
     ds = wds.WebDataset(shardset, shardshuffle=False).with_epoch(150)
     first = keys(ds)
