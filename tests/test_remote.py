@@ -155,10 +155,9 @@ def _warm_script(mode, urls, local):
 @pytest.mark.timeout(300)
 def test_a_remote_dataset_imports_its_fetcher_when_built_and_forks_safely(served, shardset):
     """Built over http URLs, a WebDataset (or a function-style pipeline's shard list) starts
-    importing the fetcher (aiohttp) in the background,
-    so that the first fetch does not import it on the event loop's thread (over local files it
-    imports nothing). DataLoader workers forked while that import may still run wait for it and
-    read every sample."""
+    importing the fetcher (aiohttp) in the background, so that the first fetch does not import it
+    on the event loop's thread (over local files it imports nothing). DataLoader workers forked
+    while that import may still run wait for it and read every sample."""
     _server, urls = served
     local = list(shardset)
     assert _warm_script("warm", urls, local) == {"local_only": True, "warmed": True}
