@@ -58,7 +58,6 @@ def configs(workers: list[int]) -> list[Config]:
         *(_config("http-raw", f"webdataset-dl{n}", "webdataset", num_workers=n, source="http",
                   pipeline="raw") for n in WEBDATASET_WORKERS),
         _config("http-raw", "shardstream", source="http", pipeline="raw"),
-        _config("http-raw", "shardstream-inflight8", source="http", pipeline="raw", shards_in_flight=8),
         _config("http-decode", "shardstream-local", source="local", pipeline="decode", baseline=True),
         _config("http-decode", "shardstream-http", source="http", pipeline="decode"),
         _config("cache", "shardstream-local", source="local", pipeline="raw", baseline=True),
@@ -81,8 +80,8 @@ def configs(workers: list[int]) -> list[Config]:
 def comparisons() -> list[Comparison]:
     """The ratios printed under the table, with their targets."""
     lines = [
-        Comparison(f"HTTP raw: {name} / webdataset-dl{n}", f"http-raw/{name}", f"http-raw/webdataset-dl{n}")
-        for name in ("shardstream", "shardstream-inflight8") for n in WEBDATASET_WORKERS
+        Comparison(f"HTTP raw: shardstream / webdataset-dl{n}", "http-raw/shardstream", f"http-raw/webdataset-dl{n}")
+        for n in WEBDATASET_WORKERS
     ]
     return lines + [
         Comparison("HTTP decode / local decode", "http-decode/shardstream-http",

@@ -1,6 +1,6 @@
 """The package's layer rule, checked on the code: every import (module level or inside a function)
 of every module against the table in shardstream/README.md, no cycle between subpackages and
-facades, and a README line for every file of every subpackage."""
+facades, and a README line for every file of every subpackage, of the package and of tests/."""
 
 from __future__ import annotations
 
@@ -110,6 +110,15 @@ def test_every_file_has_a_readme_line(subpackage):
     missing = [p.name for p in folder.glob("*.py") if p.name != "__init__.py" and f"`{p.name}`" not in readme]
     assert missing == []
     assert f"`{subpackage}/`" in README  # and the package README lists the subpackage
+
+
+def test_the_package_and_tests_readmes_name_every_file():
+    """shardstream/README.md has a line for every top-level module, tests/README.md for every file
+    of tests/ (the subpackages' READMEs are checked above)."""
+    assert [name for name in FACADES if f"`{name}.py`" not in README] == []
+    tests = pathlib.Path(__file__).parent
+    listing = (tests / "README.md").read_text()
+    assert [p.name for p in tests.glob("*.py") if p.name != "__init__.py" and f"`{p.name}`" not in listing] == []
 
 
 def test_the_checker_sees_a_broken_rule():
