@@ -1,6 +1,6 @@
 """The process-wide event loop on a daemon thread, and the HTTP sessions that live on it.
 
-Network I/O for every shard in flight runs on one loop (DESIGN.md, execution model). The loop
+Network I/O for every shard in flight runs on one loop. The loop
 starts lazily on first use and is replaced after fork: a child gets a fresh loop and fresh
 sessions, and never touches the parent's (their sockets and epoll set are shared with the parent,
 so closing them in the child would break the parent). At interpreter exit an atexit hook cancels
