@@ -268,6 +268,26 @@ class FluidWrapper(DataPipeline, FluidInterface):
 _MISSING = object()
 
 
+class _TaggedCollate:
+    """A stateful WebLoader's `collate_fn` (batch_size=None: called on each item in its worker):
+    the caller's function, or torch's `default_convert` (numpy arrays to tensors, tuples to
+    lists), applied to the item inside its worker tag, so items arrive converted as from a plain
+    DataLoader and the tag still says where each came from."""
+
+    def __init__(self, inner: Optional[Callable[[Any], Any]]) -> None:
+        self.inner = inner
+
+    def __call__(self, item: Any) -> Any:
+        inner = self.inner
+        if inner is None:
+            from torch.utils.data import default_convert as inner
+        if not isinstance(item, Tagged):
+            return inner(item)
+        if item.item is WORKER_END:
+            return item
+        return Tagged(inner(item.item), item.worker, item.count, item.position)
+
+
 class WebLoader(DataPipeline, FluidInterface):
     """A torch DataLoader with the fluid methods (`.unbatched().shuffle().batched()`).
 
@@ -297,6 +317,10 @@ class WebLoader(DataPipeline, FluidInterface):
                 positional[0] = dataset
             else:
                 kw["dataset"] = dataset
+            if len(positional) > 6:  # (DataLoader's 7th argument)
+                positional[6] = _TaggedCollate(positional[6])
+            else:
+                kw["collate_fn"] = _TaggedCollate(kw.get("collate_fn"))
         self._dataset: Any = dataset
         self._consumed: Dict[int, int] = {}  # items handed out per worker, this epoch
         self._positions: Dict[int, Any] = {}  # resume position of each worker's last item

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import webdataset
-from compare import assert_same_stream
+from compare import assert_same, assert_same_stream
 
 import shardstream
 
@@ -125,3 +125,59 @@ def test_tarfile_samples_function_form(shardset):
     build = lambda wds, s: wds.tariterators.tarfile_samples([dict(url=u) for u in s])  # noqa: E731
     expected, actual = run(build, shardset)
     assert_same_stream(expected, actual)
+
+
+def _loader_batches(wds, shards, **loader_options):
+    dataset = wds.WebDataset(shards[3:5], shardshuffle=False).decode().to_tuple("npy", "cls", "__key__").batched(8)
+    return list(wds.WebLoader(dataset, batch_size=None, **loader_options))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_webloader_converts_items_like_webdataset(shardset, num_workers):
+    """WebLoader(batch_size=None) hands each batch through torch's per-item conversion, as a plain
+    DataLoader does: numpy columns become tensors, tuples lists (its worker tags ride around it)."""
+    import torch
+
+    expected = _loader_batches(webdataset, shardset, num_workers=num_workers)
+    actual = _loader_batches(shardstream, shardset, num_workers=num_workers)
+    assert_same_stream(expected, actual)
+    arrays, labels, keys = actual[0]
+    assert type(actual[0]) is list and isinstance(arrays, torch.Tensor) and isinstance(labels, torch.Tensor)
+    rebatched = lambda wds: next(iter(wds.WebLoader(  # noqa: E731
+        wds.WebDataset(shardset[4:5], shardshuffle=False).decode().to_tuple("cls").batched(4),
+        batch_size=None, num_workers=num_workers).unbatched().batched(3)))
+    assert_same(rebatched(webdataset), rebatched(shardstream))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_webloader_calls_the_callers_collate_fn_on_each_item(shardset, num_workers):
+    def describe(item):
+        return ("collated", type(item).__name__, item[-1])
+
+    expected = _loader_batches(webdataset, shardset, num_workers=num_workers, collate_fn=describe)
+    actual = _loader_batches(shardstream, shardset, num_workers=num_workers, collate_fn=describe)
+    assert actual == expected and actual[0][:2] == ("collated", "tuple")
+
+
+def test_webloader_items_are_pinned_like_a_plain_dataloaders(monkeypatch):
+    """DataLoader(pin_memory=True)'s pin thread calls torch's `pin_memory` on every item it gets; a
+    WebLoader's items are worker-tagged there and must be pinned all the same (the tensors
+    inside, not the tag). Pinning needs CUDA, so the tensors record the call instead."""
+    import torch
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    from shardstream._pipeline.passes import WORKER_END, Tagged
+
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: pinned.append(tuple(self.shape)) or self)
+    batch = [torch.zeros(4, 3), torch.arange(4), ["a", "b", "c", "d"]]
+    tagged = pin_memory(Tagged(batch, 1, 7, position=(0, 3)))
+    assert pinned == [(4, 3), (4,)]
+    assert (tagged.worker, tagged.count, tagged.position) == (1, 7, (0, 3)) and tagged.item[2] == batch[2]
+    assert pin_memory(Tagged(WORKER_END, 1, 8)).item is WORKER_END
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="pinned memory needs CUDA")
+def test_webloader_pin_memory_pins_on_cuda(shardset):
+    batches = _loader_batches(shardstream, shardset, num_workers=2, pin_memory=True)
+    assert batches and all(b[0].is_pinned() and b[1].is_pinned() for b in batches)

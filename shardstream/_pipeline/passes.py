@@ -38,6 +38,15 @@ class Tagged:
     def __reduce__(self):
         return (Tagged, (self.item, self.worker, self.count, self.position))
 
+    def pin_memory(self) -> "Tagged":
+        """The item pinned as torch's DataLoader(pin_memory=True) pins an untagged one (its pin
+        thread calls this for any object that has it)."""
+        if self.item is WORKER_END:
+            return self
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Tagged(pin_memory(self.item), self.worker, self.count, self.position)
+
 
 class PipelineIterator:
     """Iterates `repetitions` passes of a pipeline, capped at `limit` items (with_epoch / repeat).
