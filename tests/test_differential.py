@@ -181,3 +181,20 @@ def test_webloader_items_are_pinned_like_a_plain_dataloaders(monkeypatch):
 def test_webloader_pin_memory_pins_on_cuda(shardset):
     batches = _loader_batches(shardstream, shardset, num_workers=2, pin_memory=True)
     assert batches and all(b[0].is_pinned() and b[1].is_pinned() for b in batches)
+
+
+def test_one_engine_thread_gives_webdataset_draws_from_the_global_rng(shardset):
+    """A map that draws from the global RNG (as augmentations do) gets, with `threads=1`, the
+    draw per sample webdataset gives it: the one pool thread runs the samples in order."""
+    import random
+
+    def draw(sample):
+        return sample["__key__"], random.random()
+
+    def build(wds, shards):
+        random.seed(0)
+        dataset = wds.WebDataset(shards[4:6], shardshuffle=False).map(draw)
+        return dataset.with_engine(threads=1) if wds is shardstream else dataset
+
+    expected, actual = run(build, shardset)
+    assert actual == expected and len(actual) > 20

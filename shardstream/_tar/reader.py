@@ -250,6 +250,8 @@ class TarReader:
         left = len(self._buf) - self._pos + self._queued
         if left >= BLOCK:
             raise self._fail(f"truncated tar member ({left} of {self._need} bytes present)", member, offset)
+        if left and self._ext is None and not any(bytes(self._buf[self._pos :]) + b"".join(self._queue)):
+            left = 0  # zeros short of a block after the last member: padding, not a header (tarfile agrees)
         if left:
             if self._ext is not None:  # the header of a member whose extension headers we have
                 member, offset = self._ext.name, self._ext.offset
