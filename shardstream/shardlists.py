@@ -24,6 +24,7 @@ from ._plan.shards import SchedulerConfig, Shard
 from ._resume.equal_split import WORKER_SPLIT, EqualSplit
 from ._stages.resumable import ResumeTraits
 from ._base.lazytorch import IterableDataset
+from ._base.redact import redact
 from ._plan.urls import envlookup, envsubst, expand_urls
 from .filters import pipelinefilter
 from .utils import is_iterable, obsolete
@@ -164,16 +165,17 @@ class ResampledShards(IterableDataset):
     def __init__(self, urls, nshards=sys.maxsize, seed=0, worker_seed=None, deterministic=False,
                  max_urls=int(1e6), empty_check=True, weights=None, mix=None) -> None:
         super().__init__()
-        self.urls = expand_source(urls, max_urls)
+        sources = _listed_sources(urls) if isinstance(urls, str) else [expand_listings(expand_source(urls, max_urls))]
+        self.urls = [url for source in sources for url in source]
         if empty_check and len(self.urls) == 0:
             raise ValueError("empty_check=True, but no shards found in ResampledShards")
         assert isinstance(self.urls[0], str)
         warm_fetchers(self.urls)
-        self.weights = None if weights is None else _per_shard_weights(urls, weights)
+        self.weights = None if weights is None else _per_shard_weights(urls, sources, weights)
         self.mix = mix if mix is not None else ("exact" if weights is not None else "random")
         if self.mix not in ("exact", "random"):
             raise ValueError(f"mix must be 'exact' or 'random', got {mix!r}")
-        self.sources = _source_of_each_shard(urls) if isinstance(urls, str) else [0] * len(self.urls)
+        self.sources = [i for i, source in enumerate(sources) for _ in source]  # each shard's `::` source
         self.nshards = nshards
         self.worker_seed = utils.pytorch_worker_seed if worker_seed is None else worker_seed
         self.deterministic = deterministic
@@ -221,20 +223,23 @@ class ResampledShards(IterableDataset):
             yield dict(url=piece.url)
 
 
-def _source_of_each_shard(spec: str) -> List[int]:
-    return [i for i, part in enumerate(spec.split("::")) for _ in expand_urls(part)]
+def _listed_sources(spec: str) -> List[List[str]]:
+    """The shards of each `::` source of a spec (braces expanded, globs and prefixes listed)."""
+    return [expand_listings(expand_urls(part)) for part in spec.split("::")]
 
 
-def _per_shard_weights(spec, weights) -> List[float]:
+def _per_shard_weights(spec, sources: List[List[str]], weights) -> List[float]:
     """Weights per source of a `::` spec, spread evenly over each source's shards."""
     if not isinstance(spec, str):
         raise ValueError("weights need a string spec with one `::`-separated source per weight")
-    sources = [expand_urls(part) for part in spec.split("::")]
     weights = [float(w) for w in (weights.split("::") if isinstance(weights, str) else weights)]
     if len(weights) != len(sources):
         raise ValueError(f"{len(weights)} weights for {len(sources)} `::` sources")
     if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
         raise ValueError("weights must be >= 0 and not all 0")
+    empty = [i for i, (urls, w) in enumerate(zip(sources, weights)) if w > 0 and not urls]
+    if empty:
+        raise ValueError(f"`::` source {empty[0]} of {redact(spec)!r} has a weight but names no shards")
     return [w / len(urls) for urls, w in zip(sources, weights) for _ in urls]
 
 

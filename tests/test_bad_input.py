@@ -75,6 +75,20 @@ def test_duplicate_field_is_a_format_error_with_member_and_offset(tmp_path):
     assert info.value.member == "a.txt" and info.value.offset == 1024
 
 
+@pytest.mark.parametrize("field", ["__key__", "__url__", "__local_path__"])
+def test_a_member_named_like_a_field_the_reader_sets_is_a_duplicate(tmp_path, field):
+    """`a.__key__` would overwrite the sample's key (or URL, or local path): webdataset calls it a
+    duplicate file name, and so do we; a continuing handler keeps the rest of the sample."""
+    path = write_tar(str(tmp_path / "fields.tar"), [(f"a.{field}", b"zz"), ("a.txt", b"1"), ("b.txt", b"2")])
+    with pytest.raises(wds.FormatError, match="duplicate") as info:
+        list(wds.WebDataset(path, shardshuffle=False))
+    assert info.value.member == f"a.{field}" and info.value.offset == 0
+    with pytest.warns(UserWarning, match="duplicate"):
+        samples = list(wds.WebDataset(path, shardshuffle=False, handler=wds.warn_and_continue))
+    assert [(s["__key__"], s["__url__"], s["__local_path__"], s["txt"]) for s in samples] == [
+        ("a", path, path, b"1"), ("b", path, path, b"2")]
+
+
 def test_pipe_urls_are_refused_unless_enabled(tmp_path, shards, monkeypatch):
     url = f"pipe:cat {shards['good1']}"
     with pytest.raises(wds.UsageError, match="allow_pipe"):

@@ -1,24 +1,33 @@
 """Shard specs that name many objects at once: globs and prefixes, expanded by listing.
 
 `s3://bucket/prefix/` and `s3://bucket/train-*.tar` are listed with the async S3 client; local
-globs (`/data/train-*.tar`) with the filesystem. Everything else is taken as one URL.
+globs (`/data/train-*.tar`) and folders (`/data/train/`: the shards in it) with the filesystem.
+Everything else is taken as one URL.
 """
 
 from __future__ import annotations
 
 import glob
+import os
 from typing import List
+
+from .._base.errors import ShardNotFound
 
 __all__ = ["expand_listings", "needs_listing"]
 
 _GLOB = ("*", "?", "[")
+SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")  # what a local folder's listing keeps
+
+
+def _local(url: str) -> bool:
+    return "://" not in url and not url.startswith("pipe:")
 
 
 def needs_listing(url: str) -> bool:
-    """True for an S3 prefix (trailing /) or glob, or a local glob."""
+    """True for an S3 prefix (trailing /) or glob, or a local glob or folder (trailing /)."""
     if url.startswith("s3://"):
         return url.endswith("/") or any(c in url[5:] for c in _GLOB)
-    return "://" not in url and not url.startswith("pipe:") and any(c in url for c in _GLOB)
+    return _local(url) and (url.endswith("/") or any(c in url for c in _GLOB))
 
 
 def expand_listings(urls: List[str]) -> List[str]:
@@ -34,6 +43,17 @@ def expand_listings(urls: List[str]) -> List[str]:
             from .s3 import s3_list
 
             result.extend(run_coroutine(s3_list(url)).result())
+        elif url.endswith("/") and not any(c in url for c in _GLOB):
+            result.extend(_folder(url))
         else:
             result.extend(sorted(glob.glob(url)))
     return result
+
+
+def _folder(url: str) -> List[str]:
+    """The shards in a local folder (`SHARD_SUFFIXES`, not in its subfolders), sorted by name."""
+    try:
+        names = os.listdir(url)
+    except OSError as exn:
+        raise ShardNotFound(f"cannot list the folder: {exn.strerror}", url=url) from exn
+    return [url + name for name in sorted(names) if name.endswith(SHARD_SUFFIXES) and os.path.isfile(url + name)]

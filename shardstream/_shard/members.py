@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from .._base.errors import FetchError, ShardNotFound
@@ -93,7 +94,10 @@ def mapped_member_batches(
     assert fd is not None
     mapped = view = None
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise FetchError("cannot open shard: it is a directory (give its shards: a brace pattern or a list)", url=url)
+        size = info.st_size
         reader = TarReader(url, start_offset=start_offset, payloads=payloads, size=size)
         if size == 0 or start_offset >= size:
             yield reader.close()  # raises "empty file"

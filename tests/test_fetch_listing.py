@@ -1,0 +1,63 @@
+"""Local listings (`_fetch/listing.py`): globs and folders name their shards, sorted, through
+every shard source; what a folder's listing keeps; a folder that is not there says so."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+from shardsets import write_tar
+
+import shardstream as wds
+
+
+@pytest.fixture
+def folder(tmp_path):
+    for i in (2, 0, 1):
+        write_tar(str(tmp_path / f"train-{i:03d}.tar"), [(f"s{i}{j}.txt", b"x") for j in range(3)])
+    write_tar(str(tmp_path / "extra.tar.gz"), [("z.txt", b"z")], gz=True)
+    (tmp_path / "sizes.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("not a shard")
+    os.mkdir(tmp_path / "nested.tar")  # a folder named like a shard is not one
+    return str(tmp_path)
+
+
+def test_a_folder_names_the_shards_in_it_sorted(folder):
+    expected = [f"{folder}/{name}" for name in ("extra.tar.gz", "train-000.tar", "train-001.tar", "train-002.tar")]
+    assert wds.SimpleShardList(folder + "/").urls == expected
+    keys = [s["__key__"] for s in wds.WebDataset(folder + "/", shardshuffle=False)]
+    assert keys == ["z"] + [f"s{i}{j}" for i in range(3) for j in range(3)]
+
+
+def test_a_glob_names_the_files_it_matches_sorted(folder):
+    assert wds.SimpleShardList(folder + "/train-*.tar").urls == [f"{folder}/train-{i:03d}.tar" for i in range(3)]
+    assert len(list(wds.WebDataset(folder + "/train-00[01].tar", shardshuffle=False))) == 6
+
+
+def test_a_missing_folder_is_shard_not_found_naming_it(tmp_path):
+    with pytest.raises(wds.ShardNotFound, match="cannot list the folder") as info:
+        wds.WebDataset(str(tmp_path / "gone") + "/", shardshuffle=False)
+    assert info.value.url == str(tmp_path / "gone") + "/"
+
+
+def test_a_folder_given_as_a_shard_says_it_is_a_folder(folder):
+    with pytest.raises(wds.FetchError, match="it is a directory") as info:
+        list(wds.WebDataset(folder, shardshuffle=False))
+    assert info.value.url == folder
+
+
+def test_resampled_shards_draw_from_listed_folders_and_globs_by_source(folder, tmp_path_factory):
+    """`::` sources that are folders or globs are listed before the draws: the weights are per
+    source whatever its shard count, and a source that names nothing is an error, not a share lost."""
+    other = tmp_path_factory.mktemp("other")
+    write_tar(str(other / "b-0.tar"), [("b.txt", b"b")])
+    spec = f"{folder}/train-*.tar::{other}/"
+    shards = wds.ResampledShards(spec, seed=0, deterministic=True, weights=[1, 3], mix="exact")
+    assert shards.urls == [f"{folder}/train-{i:03d}.tar" for i in range(3)] + [f"{other}/b-0.tar"]
+    drawn = [d["url"] for d in itertools.islice(iter(shards), 400)]
+    assert drawn.count(f"{other}/b-0.tar") == 300
+    with pytest.raises(ValueError, match="source 1 .* names no shards"):
+        wds.ResampledShards(f"{folder}/train-*.tar::{folder}/none-*.tar", weights=[1, 1])
+    keys = {s["__key__"] for s in itertools.islice(iter(wds.WebDataset(f"{other}/", resampled=True, seed=1)), 5)}
+    assert keys == {"b"}
