@@ -278,9 +278,11 @@ class _TaggedCollate:
         self.inner = inner
 
     def __call__(self, item: Any) -> Any:
-        inner = self.inner
+        inner: Any = self.inner
         if inner is None:
-            from torch.utils.data import default_convert as inner
+            from torch.utils.data import default_convert
+
+            inner = default_convert
         if not isinstance(item, Tagged):
             return inner(item)
         if item.item is WORKER_END:
