@@ -23,7 +23,7 @@ from ._cache.shardcache import cache_from_options
 from ._resume.equal_split import EqualSplit
 from ._stages.resumable import declare, traits
 from ._resume.statecheck import STATE_FORMAT, fingerprint
-from ._stages.stream_filters import SeededShuffle
+from ._stages.stream_filters import SeededShuffle, check_batchsize
 from ._loader.subprocess import SubprocessLoader
 from ._base.lazytorch import DataLoader
 from .filters import pipelinefilter
@@ -48,6 +48,7 @@ class FluidInterface:
     """Chainable methods; each returns a new pipeline with one more stage (`compose`)."""
 
     def batched(self, batchsize, collation_fn=filters.default_collation_fn, partial=True):
+        check_batchsize(batchsize)  # (here, not at the first batch)
         return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
 
     def unbatched(self):

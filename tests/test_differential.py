@@ -198,3 +198,18 @@ def test_one_engine_thread_gives_webdataset_draws_from_the_global_rng(shardset):
 
     expected, actual = run(build, shardset)
     assert actual == expected and len(actual) > 20
+
+
+def test_batch_sizes_below_one_are_refused_where_webdataset_crashes_or_misbatches(shardset):
+    """batched(0) is an IndexError deep in webdataset's loop; here a UsageError as the pipeline is
+    built (fluid) or starts (a stage). Sizes webdataset batches correctly batch the same."""
+    for size in (0, -2, 0.5, None, True):
+        with pytest.raises(shardstream.UsageError, match="batchsize"):
+            shardstream.WebDataset(shardset[4:5], shardshuffle=False).batched(size)
+        with pytest.raises(shardstream.UsageError, match="batchsize"):
+            list(shardstream.DataPipeline(shardstream.SimpleShardList(shardset[4:5]), shardstream.tarfile_to_samples(),
+                                          shardstream.batched(size)))
+    for size in (3, np.int64(3), 2.5):
+        build = lambda wds, s: wds.WebDataset(s[4:5], shardshuffle=False).to_tuple("__key__").batched(size)  # noqa: E731
+        expected, actual = run(build, shardset)
+        assert_same_stream(expected, actual)

@@ -7,6 +7,7 @@ These see the whole stream (order, buffering, grouping), so the engine runs them
 from __future__ import annotations
 
 import io
+import numbers
 import os
 import random
 import re
@@ -18,6 +19,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from .._plan.ranks import pytorch_worker_info
+from .._base.errors import UsageError
 from .._base.redact import redact
 from .contract import PipelineStage
 from .resumable import ResumeTraits, clean_cut, declare
@@ -172,8 +174,16 @@ def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
     return result
 
 
+def check_batchsize(batchsize) -> None:
+    """A batch size must be a number >= 1 (webdataset fails on 0 with an IndexError, and makes
+    batches of one of anything below 1)."""
+    if isinstance(batchsize, bool) or not isinstance(batchsize, numbers.Real) or not float(batchsize) >= 1:
+        raise UsageError(f"batchsize must be a number >= 1, got {batchsize!r}")
+
+
 @clean_cut
 def _batched(data, batchsize=20, collation_fn=default_collation_fn, partial=True):
+    check_batchsize(batchsize)
     # A full batch goes out at once (webdataset waits for the next sample first): the same
     # batches, sooner, and a batch never holds back a sample it does not contain, which makes
     # the stage a clean cut for resume positions.
