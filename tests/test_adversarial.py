@@ -3,11 +3,15 @@ stays fixed. Each case goes through the public API: the loader, its handlers and
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
+import socketserver
 import subprocess
 import sys
+import threading
+import traceback
 import warnings
 
 import pytest
@@ -53,6 +57,68 @@ def test_a_failing_secret_url_never_shows_its_secrets(caplog):
                             empty_check=False))
     assert seen
     _assert_no_secret(*(w.message for w in seen), caplog.text)
+
+
+class _Answer(socketserver.BaseRequestHandler):
+    """Reads a request and answers `server.answer(path)` raw: a redirect to itself, or garbage."""
+
+    def handle(self):
+        self.request.settimeout(5)
+        request = b""
+        while b"\r\n\r\n" not in request:
+            data = self.request.recv(4096)
+            if not data:
+                return
+            request += data
+        self.request.sendall(self.server.answer(request.split(b" ")[1].decode()))
+
+
+@pytest.fixture
+def raw_server():
+    servers = []
+
+    def start(answer):
+        server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Answer)
+        server.daemon_threads = True
+        server.answer = answer
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+ANSWERS = {
+    "redirect loop": lambda path: f"HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n".encode(),
+    "not http": lambda path: b"NOT HTTP AT ALL\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("answer", sorted(ANSWERS))
+def test_a_third_party_error_under_ours_shows_no_secret(raw_server, answer):
+    """aiohttp's errors print the URL they were given and their request's headers (Basic auth
+    from the URL's userinfo): chained under our error, they must not show them in a printed
+    traceback or a warning."""
+    url = f"http://user:{PASSWORD}@{raw_server(ANSWERS[answer])}/a.tar?token={TOKEN}&X-Goog-Signature={SIGNATURE}"
+    basic = base64.b64encode(f"user:{PASSWORD}".encode()).decode()
+    options = wds.FetchOptions(retries=1, backoff_base=0.01, backoff_max=0.02)
+    with pytest.raises(wds.FetchError) as caught:
+        list(wds.WebDataset(url, shardshuffle=False, fetch_options=options))
+    printed = "".join(traceback.format_exception(caught.value))
+    assert caught.value.__cause__ is not None and "aiohttp" in printed  # the cause is still told
+    _assert_no_secret(printed, basic)
+    assert basic not in printed
+    for handler in (wds.warn_and_continue, wds.warn_and_stop):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            list(wds.WebDataset(url, shardshuffle=False, fetch_options=options, handler=handler, empty_check=False))
+        assert seen
+        for warning in seen:
+            _assert_no_secret(warning.message)
+            assert basic not in str(warning.message)
 
 
 def test_pipe_commands_are_redacted_in_errors():

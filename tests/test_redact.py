@@ -30,6 +30,13 @@ from shardstream._base.redact import redact
          "pipe:curl -s -u *** 'https://***@h/x.tar?token=***' -H 'Authorization: ***'"),
         ("pipe:AWS_SECRET_ACCESS_KEY=xyz aws s3 cp s3://b/x.tar -", "pipe:AWS_SECRET_ACCESS_KEY=*** aws s3 cp s3://b/x.tar -"),
         ("cannot open https://u:p@h/x.tar: refused", "cannot open https://***@h/x.tar: refused"),
+        ("headers=<CIMultiDictProxy('Host': 'h', 'Authorization': 'Basic Ym9iOnB3', 'X-Amz-Security-Token': 't', "
+         "'Cookie': 'a=b; c=d', 'Accept': '*/*')>",
+         "headers=<CIMultiDictProxy('Host': 'h', 'Authorization': '***', 'X-Amz-Security-Token': '***', "
+         "'Cookie': '***', 'Accept': '*/*')>"),
+        ("{\"authorization\": \"Bearer x\", \"x-api-key\": \"k\", \"__key__\": \"s0000\", \"key\": \"v\"}",
+         "{\"authorization\": \"***\", \"x-api-key\": \"***\", \"__key__\": \"s0000\", \"key\": \"v\"}"),
+        ("duplicate file name in tar file: 'a.key'", "duplicate file name in tar file: 'a.key'"),
         ("/plain/path.tar", "/plain/path.tar"),
         ("http://h/train-{000..009}.tar", "http://h/train-{000..009}.tar"),
     ],

@@ -19,8 +19,10 @@ __all__ = [
     "ShardNotFound",
     "ShardStreamError",
     "UsageError",
+    "RedactedCause",
     "describe",
     "redact_url",
+    "safe_cause",
 ]
 
 _E = TypeVar("_E", bound="ShardStreamError")
@@ -105,6 +107,35 @@ class FetchTimeout(FetchError, TimeoutError):
 
 class ShardNotFound(FetchError, FileNotFoundError):
     """The URL names nothing (HTTP 404, missing S3 key, missing file); never retried."""
+
+
+class RedactedCause(Exception):
+    """Stands in for a third-party exception whose text held a credential (aiohttp's errors print
+    the URL they were given and their request's headers): the same type name, the text redacted,
+    the same traceback. Our errors chain to it (`raise ... from safe_cause(exc)`), so that neither
+    a printed traceback nor a warning shows what `redact` hides."""
+
+
+def _clean(exn: BaseException) -> bool:
+    text, shown = str(exn), repr(exn)
+    return redact(text) == text and redact(shown) == shown
+
+
+def safe_cause(exn: Optional[BaseException], depth: int = 0) -> Optional[BaseException]:
+    """`exn` to chain to one of our errors: itself when it and its causes hold no credential,
+    else a RedactedCause in its place (its own causes made safe the same way)."""
+    if exn is None:
+        return None
+    below = exn.__cause__ if exn.__cause__ is not None else (None if exn.__suppress_context__ else exn.__context__)
+    safe_below = safe_cause(below, depth + 1) if depth < 8 else None
+    if _clean(exn) and safe_below is below:
+        return exn
+    name = type(exn).__qualname__
+    module = type(exn).__module__
+    stand_in = RedactedCause(f"{name if module == 'builtins' else module + '.' + name}: {redact(str(exn))}")
+    stand_in.__traceback__ = exn.__traceback__
+    stand_in.__cause__ = safe_below
+    return stand_in
 
 
 def describe(exn: BaseException) -> str:

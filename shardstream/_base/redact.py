@@ -7,7 +7,10 @@ command, a log line):
   the userinfo runs to the *last* `@` of the authority), also a careless `user:pa/ss@host`;
 - the value of every `name=value` whose name looks secret: `token`, `*_token`, `key`, `*_key`,
   `secret`, `*signature` (AWS and GCS signed URLs), `*credential`, `sig`, `password`, ...
-- in commands: `-u user:pass` / `--user`, and `Authorization:` header values.
+- in commands: `-u user:pass` / `--user`, and `Authorization:` header values;
+- in a mapping's repr (an HTTP library's request headers): the values of keys that look secret
+  (`'Authorization'`, `'X-Amz-Security-Token'`, `'Cookie'`, `'X-Api-Key'`, ...; not a bare
+  `'key'`, which JSON samples use for other things).
 
 Redaction errs on the side of hiding: `?monkey=1` loses its value too.
 """
@@ -26,6 +29,10 @@ _SECRET_NAME = r"[\w.-]*(?:key|token|secret|signature|password|passwd|credential
 _ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&;:\s'\"(,])(?:{_SECRET_NAME})=)[^&#;\s'\"]*")
 _USER_OPTION = re.compile(r"((?:^|\s)(?:-u\s*|--user[=\s]+|--password[=\s]+))(['\"]?)[^\s'\"]+")
 _AUTH_HEADER = re.compile(r"(?i)(authorization\s*:\s*)[^'\"\n]+")
+# a header in a mapping's repr (aiohttp's errors show their request's): 'Authorization': 'Basic ...'
+_HEADER_NAME = (r"(?:proxy-)?authorization|(?:set-)?cookie"
+                r"|[\w-]*(?:token|secret|signature|credential|password|passwd|api[-_]?key|access[-_]?key)[\w-]*")
+_HEADER_ITEM = re.compile(rf"(?i)((?:^|[\s{{,(])['\"](?:{_HEADER_NAME})['\"]\s*:\s*['\"])[^'\"\n]*")
 
 
 def _userinfo(url: str) -> str:
@@ -53,6 +60,7 @@ def redact(text: object) -> str:
     result = _URL.sub(lambda m: _userinfo(m.group(0)), str(text))
     result = _ASSIGNMENT.sub(rf"\1{MASK}", result)
     result = _USER_OPTION.sub(rf"\1\2{MASK}", result)
+    result = _HEADER_ITEM.sub(rf"\1{MASK}", result)
     return _AUTH_HEADER.sub(rf"\1{MASK}", result)
 
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import hdrs
 
-from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url
+from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url, safe_cause
 from .retries import backoff_delay, log_retry, watch
 from .options import FetchOptions, note_fetch, note_size
 from .loop import get_session
@@ -251,7 +251,7 @@ async def http_stream(
             except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
                 error, retryable = translate_error(exc, url, transfer.received)
                 if not retryable:
-                    raise error from (None if error is exc else exc)
+                    raise error from (None if error is exc else safe_cause(exc))
                 retry_after = None
             if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
                 return

@@ -12,7 +12,7 @@ from typing import IO, Iterator, Optional
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from .._base.errors import FetchError, ShardNotFound, UsageError
+from .._base.errors import FetchError, ShardNotFound, UsageError, safe_cause
 from .._base.security import enforced
 
 __all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_url", "pipe_allowed"]
@@ -105,9 +105,9 @@ def open_url(url: str, *, allow_pipe: Optional[bool] = None, mode: str = "rb") -
     except (UsageError, FetchError):
         raise
     except OSError as exn:
-        raise FetchError(f"cannot open shard: {exn}", url=url) from exn
+        raise FetchError(f"cannot open shard: {exn}", url=url) from safe_cause(exn)
     except ValueError as exn:  # fsspec: unknown protocol
-        raise UsageError(f"cannot open shard: {exn}", url=url) from exn
+        raise UsageError(f"cannot open shard: {exn}", url=url) from safe_cause(exn)
 
 
 def iter_chunks(
@@ -132,7 +132,7 @@ def iter_chunks(
             try:
                 chunk = read(chunk_size)
             except OSError as exn:
-                raise FetchError(f"read failed: {exn}", url=url) from exn
+                raise FetchError(f"read failed: {exn}", url=url) from safe_cause(exn)
             if not chunk:
                 break
             yield chunk

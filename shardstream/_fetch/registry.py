@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any, AsyncGenerator, Callable, Dict, Iterable, List, Optional, Set, Union
 
-from .._base.errors import FetchError, ShardStreamError, UsageError
+from .._base.errors import FetchError, ShardStreamError, UsageError, safe_cause
 from .open import open_url
 from .options import FetchOptions, note_fetch
 from .parts import parallel_stream
@@ -167,7 +167,7 @@ async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, star
         raise
     except Exception as exc:  # a third-party fetcher's own error: keep the tree's promise
         note_fetch(failures=1)
-        raise FetchError(f"fetch failed: {type(exc).__name__}: {exc}", url=url, offset=offset) from exc
+        raise FetchError(f"fetch failed: {type(exc).__name__}: {exc}", url=url, offset=offset) from safe_cause(exc)
 
 
 class _BlockingReader:
@@ -185,7 +185,7 @@ class _BlockingReader:
         try:
             chunk = self.file.read(self.chunk_size)
         except OSError as exc:
-            raise FetchError(f"read failed: {exc}", url=self.url, offset=self.offset) from exc
+            raise FetchError(f"read failed: {exc}", url=self.url, offset=self.offset) from safe_cause(exc)
         self.offset += len(chunk)
         return chunk
 

@@ -39,7 +39,7 @@ from botocore.exceptions import (
 )
 
 from .._base.counters import Counters
-from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError
+from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError, safe_cause
 from .options import FetchOptions, note_fetch, note_size
 from .retries import backoff_delay, log_retry
 from .s3client import lease_client
@@ -126,7 +126,7 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
                 failures, reached = 0, offset()
             if not isinstance(error, (NetworkError, FetchTimeout)) or failures >= options.retries:
                 s3_stats.add(errors=1)
-                raise error from exc
+                raise error from safe_cause(exc)
             failures += 1
             s3_stats.add(retries=1)
             note_fetch(retries=1)
