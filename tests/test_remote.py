@@ -58,6 +58,42 @@ def test_disk_cache_streams_through_then_serves_hits(served, shardset, tmp_path)
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("handler", ["reraise_exception", "warn_and_continue"])
+def test_a_cache_folder_that_cannot_take_a_lock_streams_its_misses_uncached(served, shardset, tmp_path, caplog,
+                                                                           handler):
+    """A claim's lock file that cannot be made (a cache disk out of inodes, or mounted read-only
+    after it was filled: here the lock file's path is a folder, EISDIR) costs the miss its
+    caching, not the epoch: hits are served, misses stream uncached, and it is said once."""
+    server, urls = served
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ds = wds.WebDataset(urls, shardshuffle=False, cache_dir=str(cache), handler=getattr(wds, handler))
+    first = list(ds)
+    missing = [name for name in os.listdir(cache) if not name.startswith(".")][-2:]
+    for name in missing:  # the next pass misses these, and cannot lock them
+        os.unlink(cache / name)
+        os.unlink(cache / ".locks" / name)
+        os.mkdir(cache / ".locks" / name)
+    caplog.set_level("WARNING", logger="shardstream")
+    it = iter(ds)
+    second = list(it)
+    assert _keys(second) == _keys(first)
+    assert it.stats().cache["disk"]["hits"] == len(urls) - 2
+    warned = [r.getMessage() for r in caplog.records if "cannot lock" in r.getMessage()]
+    assert len(warned) == 1 and f"in the cache folder {cache} (Is a directory)" in warned[0]  # (once)
+    assert sorted(n for n in os.listdir(cache) if not n.startswith(".")) == sorted(
+        n for n in os.listdir(cache) if not n.startswith(".") and n not in missing)
+
+
+def test_a_cache_folder_whose_lock_folder_cannot_be_made_is_a_usage_error(tmp_path):
+    """(A read-only cache folder that shardstream never wrote, say.)"""
+    (tmp_path / ".locks").write_text("not a folder")
+    with pytest.raises(wds.UsageError, match="cannot be used") as info:
+        wds.WebDataset("http://127.0.0.1:9/a.tar", shardshuffle=False, cache_dir=str(tmp_path))
+    assert str(tmp_path) in str(info.value)
+
+
+@pytest.mark.timeout(60)
 def test_cached_remote_samples_name_their_cache_file_like_webdataset(served, shardset, tmp_path):
     import webdataset
 

@@ -37,6 +37,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 from filelock import FileLock, Timeout
 
+from .._base.errors import UsageError
 from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_record
 from .share import DiskWriter, PendingCommits, open_progress_log
 from .usage import Usage, read_usage, write_usage
@@ -104,7 +105,11 @@ class DiskTier:
         self._lock_dir = os.path.join(self.cache_dir, ".locks")
         self._usage_path = os.path.join(self._lock_dir, "usage")  # (`_cache.usage`)
         self._oldest: Deque[Tuple[int, str, int]] = collections.deque()  # files by age at the last listing
-        os.makedirs(self._lock_dir, exist_ok=True)
+        try:
+            os.makedirs(self._lock_dir, exist_ok=True)
+        except OSError as exn:
+            raise UsageError(f"cache_dir {self.cache_dir!r} cannot be used: {exn.strerror} ({self._lock_dir})") from exn
+        self._lock_failed = False  # (a lock file that cannot be made is said once)
         self._pid = -1
         self._local()
         self.cleanup()
@@ -119,6 +124,7 @@ class DiskTier:
             self._writing: set = set()
             self._pending = PendingCommits()
             self._readers: Dict[str, int] = {}
+            self._unlockable: set = set()  # URLs whose lock file could not be made at the last try
         return self._mutex
 
     @property
@@ -215,9 +221,14 @@ class DiskTier:
         lock = _file_lock(os.path.join(self._lock_dir, name))
         try:
             acquired = self._acquire(lock, name)
+        except OSError as exn:  # no lock file: a full (inodes) or read-only cache disk
+            self._claim_done(url)
+            self._cannot_lock(url, exn)
+            return None
         except BaseException:
             self._claim_done(url)
             raise
+        self._unlockable.discard(url)
         if not acquired:
             self._claim_done(url)
             self.counters.add(bypassed=1)
@@ -249,9 +260,14 @@ class DiskTier:
         except Timeout:
             self._claim_done(url)
             return None
+        except OSError as exn:
+            self._claim_done(url)
+            self._cannot_lock(url, exn)
+            return None
         except BaseException:
             self._claim_done(url)
             raise
+        self._unlockable.discard(url)
         return _Claim(self, url, lock)
 
     def claim_free(self, url: str) -> bool:
@@ -269,8 +285,26 @@ class DiskTier:
             lock.acquire(timeout=0)
         except Timeout:
             return True
+        except OSError:  # no lock file can be made here: nobody writes this tier (claims fail alike)
+            return False
         lock.release()
         return False
+
+    def _cannot_lock(self, url: str, exn: OSError) -> None:
+        """A claim's lock file could not be made: the shard streams uncached (said once per tier)."""
+        with self._local():
+            self._unlockable.add(url)
+        log = logger.debug if self._lock_failed else logger.warning
+        self._lock_failed = True
+        log("cannot lock %s in the cache folder %s (%s); streaming shards it misses uncached",
+            cache_file_name(url), self.cache_dir, exn.strerror or exn)
+
+    def unlockable(self, url: str) -> bool:
+        """Whether the last claim of `url` failed because its lock file could not be made (not
+        because another process holds it): nobody can be writing it here, so there is nothing
+        to follow."""
+        with self._local():
+            return url in self._unlockable
 
     def _claim_done(self, url: str) -> None:
         with self._local():

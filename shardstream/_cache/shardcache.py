@@ -203,7 +203,7 @@ class ShardCache(ClaimsAhead):
                 claim = None if shared.writing_here(url) else shared.try_claim(url)
                 if claim is not None:
                     claims[shared.name] = claim
-                elif shared.writing_here(url):
+                elif shared.writing_here(url) or shared.unlockable(url):
                     shared.counters.add(bypassed=1)  # ours: following ourselves could deadlock
                 else:
                     shared.counters.add(followed=1)

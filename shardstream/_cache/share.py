@@ -513,6 +513,8 @@ def follow(tier, url: str, on_stuck: Optional[Callable[[], None]] = None):
         claim = tier.try_claim(url)
         if claim is not None:
             return FollowEnd("claimed", digests, claim=claim)
+        if tier.unlockable(url):  # no lock file can be made: nobody writes it here
+            return FollowEnd("alone", digests)
         logs = _live_logs(tier, url)[:1]
         for _mtime, log in logs:
             before = len(digests)
