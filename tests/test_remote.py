@@ -85,6 +85,26 @@ def test_a_cache_folder_that_cannot_take_a_lock_streams_its_misses_uncached(serv
         n for n in os.listdir(cache) if not n.startswith(".") and n not in missing)
 
 
+@pytest.mark.timeout(60)
+def test_a_transfer_that_breaks_inside_a_member_names_the_member(tmp_path):
+    """A fetch error part-way through a shard says inside which member it broke, as a format
+    error does (the offset stays the byte where the transfer broke)."""
+    import tarfile
+
+    from shardsets import write_tar
+
+    path = write_tar(str(tmp_path / "big.tar"), [(f"s{i}.bin", bytes([i]) * 102400) for i in range(10)])
+    with tarfile.open(path) as tar:
+        spans = {m.name: (m.offset, m.offset_data + m.size) for m in tar.getmembers()}
+    options = wds.FetchOptions(retries=0, parallel_parts=1)
+    with ShardServer(str(tmp_path), reset_rate=1.0, cut_fraction=0.37) as server:
+        with pytest.raises(wds.FetchError) as caught:
+            list(wds.WebDataset(server.url("big.tar"), shardshuffle=False, fetch_options=options))
+    error = caught.value
+    start, end = spans[error.member]
+    assert start < error.offset < end and f"member={error.member!r}" in str(error)
+
+
 def test_a_cache_folder_whose_lock_folder_cannot_be_made_is_a_usage_error(tmp_path):
     """(A read-only cache folder that shardstream never wrote, say.)"""
     (tmp_path / ".locks").write_text("not a folder")

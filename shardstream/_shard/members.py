@@ -60,6 +60,8 @@ def chunk_member_batches(
                 info["compressed"] = reader.compressed
             yield members
         yield reader.close()
+    except FetchError as exn:  # the transfer broke: say inside which member, as format errors do
+        raise exn.with_location(member=reader.pending_member)
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:

@@ -126,6 +126,12 @@ class TarReader:
         return self._compressed
 
     @property
+    def pending_member(self) -> Optional[str]:
+        """The member whose header is read and whose data has not all come yet (None between
+        members): where a stream that breaks now broke."""
+        return self._stalled[0] if self._stalled else None
+
+    @property
     def finished(self) -> bool:
         """True once the end-of-archive zero block was seen; later input is ignored."""
         return self._finished
