@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 
@@ -24,6 +25,19 @@ def test_verify_reports_counts_and_failures(shardset, tmp_path, capsys):
     assert main(["verify", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and str(bad) in out and "offset=" in out
+
+
+def test_commands_read_globs_and_folders_as_the_loader_does(shardset, tmp_path, capsys):
+    """A spec names the same shards for the command as for WebDataset: a glob, a folder with its
+    trailing slash, and one without it."""
+    folder = os.path.dirname(shardset[0])
+    expected = len(shardset)
+    for spec in (os.path.join(folder, "shard-00*.tar*"), folder + "/", folder):
+        assert main(["verify", spec]) == 0, spec
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert report["shards"] == expected and report["failed"] == 0, spec
+    assert main(["ls", os.path.join(folder, "shard-00[0-1].tar")]) == 0
+    assert set(re.findall(r"shard-00\d", capsys.readouterr().out)) == {"shard-000", "shard-001"}
 
 
 def test_index_writes_offsets_and_sizes(shardset, tmp_path, capsys):

@@ -7,7 +7,7 @@ import sys
 from typing import Any, List, Optional
 
 from .._fetch.open import local_path_of
-from .._prep._options import SHARD_SUFFIXES
+from .._fetch.listing import expand_listings, folder_shards
 from .._prep._rows import IMAGE_SUFFIXES
 from .._base.redact import redact
 from .._plan.urls import expand_urls
@@ -16,13 +16,14 @@ __all__ = ["bar", "is_image", "say", "shard_urls"]
 
 
 def shard_urls(spec: str) -> List[str]:
-    """The shards of a spec (braces, `::`), or the shards in a local directory (e.g. a `create` DEST)."""
+    """The shards of a spec as the loader reads it (braces, `::`, globs, S3 prefixes, folders), or
+    the shards in a local directory named without its trailing `/` (e.g. a `create` DEST)."""
     path = local_path_of(spec)
     if path is not None and os.path.isdir(path):
-        names = sorted(n for n in os.listdir(path) if n.lower().endswith(SHARD_SUFFIXES) and not n.startswith("."))
-        if names:
-            return [os.path.join(path, n) for n in names]
-    return expand_urls(spec)
+        shards = folder_shards(path)
+        if shards:
+            return shards
+    return expand_listings(expand_urls(spec))
 
 
 def bar(total: Optional[int], desc: str, unit: str, quiet: bool) -> Any:

@@ -13,10 +13,10 @@ from typing import List
 
 from .._base.errors import ShardNotFound
 
-__all__ = ["expand_listings", "needs_listing"]
+__all__ = ["SHARD_SUFFIXES", "expand_listings", "folder_shards", "needs_listing"]
 
 _GLOB = ("*", "?", "[")
-SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")  # what a local folder's listing keeps
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")  # what a local folder's listing keeps
 
 
 def _local(url: str) -> bool:
@@ -44,16 +44,20 @@ def expand_listings(urls: List[str]) -> List[str]:
 
             result.extend(run_coroutine(s3_list(url)).result())
         elif url.endswith("/") and not any(c in url for c in _GLOB):
-            result.extend(_folder(url))
+            result.extend(folder_shards(url))
         else:
             result.extend(sorted(glob.glob(url)))
     return result
 
 
-def _folder(url: str) -> List[str]:
-    """The shards in a local folder (`SHARD_SUFFIXES`, not in its subfolders), sorted by name."""
+def folder_shards(path: str) -> List[str]:
+    """The shards in a local folder: its files named with a `SHARD_SUFFIXES` suffix (any case;
+    not hidden ones, not in its subfolders), sorted by name."""
     try:
-        names = os.listdir(url)
+        names = os.listdir(path)
     except OSError as exn:
-        raise ShardNotFound(f"cannot list the folder: {exn.strerror}", url=url) from exn
-    return [url + name for name in sorted(names) if name.endswith(SHARD_SUFFIXES) and os.path.isfile(url + name)]
+        raise ShardNotFound(f"cannot list the folder: {exn.strerror}", url=path) from exn
+    return [
+        os.path.join(path, name) for name in sorted(names)
+        if name.lower().endswith(SHARD_SUFFIXES) and not name.startswith(".") and os.path.isfile(os.path.join(path, name))
+    ]

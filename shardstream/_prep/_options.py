@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._base.errors import UsageError
+from .._fetch.listing import SHARD_SUFFIXES
 
 __all__ = ["CreateOptions", "Reencode"]
 
 INPUTS = ("auto", "imagefolder", "files", "manifest", "shards")
 ENGINES = ("local", "ray")
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
 @dataclass(frozen=True)
