@@ -7,8 +7,15 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tarfile
+import threading
+import time
 
+import pytest
 import webdataset
 from shardsets import sample_members, write_tar
 
@@ -94,3 +101,33 @@ def test_prepare_packs_a_directory_webdataset_can_read(tmp_path, capsys):
     samples = list(webdataset.WebDataset([str(tmp_path / "shards" / s) for s in shards], shardshuffle=False))
     assert [s["__key__"] for s in samples] == [f"sub/item{i}" for i in range(7)]
     assert samples[3]["txt"] == b"text 3" and samples[3]["cls"] == b"3"
+
+
+@pytest.mark.parametrize("command", [["verify"], ["stats"], ["index", "--sizes", "SIZES"]])
+def test_ctrl_c_ends_a_command_at_once_while_its_server_stalls(command, tmp_path):
+    """A server that takes the request and never answers: Ctrl-C ends the command with 130 at
+    once, not after the stall timeout and its retries (minutes)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/shard-000.tar"
+    argv = [arg.replace("SIZES", str(tmp_path / "sizes.json")) for arg in command]
+    proc = subprocess.Popen([sys.executable, "-m", "shardstream", *argv, url], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not accepted and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert accepted, proc.poll()
+        time.sleep(0.3)  # (the request is in; the command waits for an answer)
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        _out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130 and "interrupted" in err
+        assert time.monotonic() - start < 5
+    finally:
+        proc.kill()
+        proc.communicate()
+        listener.close()
+        for conn, _ in accepted:
+            conn.close()

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any, List, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, List, Optional
 
 from .._fetch.open import local_path_of
 from .._fetch.listing import expand_listings, folder_shards
+from .._fetch.loop import shutdown_loop
 from .._prep._rows import IMAGE_SUFFIXES
 from .._base.redact import redact
 from .._plan.urls import expand_urls
 
-__all__ = ["bar", "is_image", "say", "shard_urls"]
+__all__ = ["bar", "is_image", "say", "shard_urls", "worker_pool"]
 
 
 def shard_urls(spec: str) -> List[str]:
@@ -24,6 +27,21 @@ def shard_urls(spec: str) -> List[str]:
         if shards:
             return shards
     return expand_listings(expand_urls(spec))
+
+
+@contextlib.contextmanager
+def worker_pool(threads: int, name: str) -> Iterator[ThreadPoolExecutor]:
+    """A pool for reading shards in parallel that stops at once on Ctrl-C (or any error): the
+    shards not started are dropped and the transfers in flight are cut (the fetch loop shuts
+    down), instead of waiting for them, which a stalled server makes minutes of retries."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        shutdown_loop(timeout=2.0)
+        raise
+    pool.shutdown(wait=True)
 
 
 def bar(total: Optional[int], desc: str, unit: str, quiet: bool) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
 from .._base.errors import UsageError
@@ -15,7 +14,7 @@ from .._prep._dest import Destination
 from .._prep._indexes import dali_text, idx_text, scan_indexes
 from .._shard.origin import open_origin
 from .._plan.urls import shard_name
-from ._common import bar, say, shard_urls
+from ._common import bar, say, shard_urls, worker_pool
 
 __all__ = ["cmd_index", "merge_sizes"]
 
@@ -60,7 +59,7 @@ def cmd_index(args) -> int:
 
     counts: Dict[str, int] = {}
     threads = max(1, min(args.threads, len(urls)))
-    with ThreadPoolExecutor(threads, thread_name_prefix="shardstream-index") as pool, \
+    with worker_pool(threads, "shardstream-index") as pool, \
             bar(len(urls), "shardstream index", "shard", args.quiet) as progress:
         for url, path, (summary, dali, why) in zip(urls, paths, pool.map(scan, urls)):
             progress.update()

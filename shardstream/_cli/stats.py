@@ -6,12 +6,11 @@ from __future__ import annotations
 import io
 import json
 import statistics
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Tuple
 
 from .._shard.samples import TarShardSamples
 from .._plan.urls import shard_name
-from ._common import bar, is_image, say, shard_urls
+from ._common import bar, is_image, say, shard_urls, worker_pool
 
 __all__ = ["cmd_stats", "shard_stats"]
 
@@ -59,7 +58,7 @@ def _collect(urls: List[str], threads: int, images: bool, quiet: bool) -> Dict[s
     fields: Dict[str, List[int]] = {}
     sizes: List[Tuple[int, int]] = []
     totals = {"shards": 0, "samples": 0, "members": 0, "bytes": 0, "unreadable_images": 0}
-    with ThreadPoolExecutor(max(1, min(threads, len(urls))), thread_name_prefix="shardstream-stats") as pool, \
+    with worker_pool(max(1, min(threads, len(urls))), "shardstream-stats") as pool, \
             bar(len(urls), "shardstream stats", "shard", quiet) as progress:
         for url, found in zip(urls, pool.map(lambda u: shard_stats(u, images), urls)):
             progress.update()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .._shard.counts import known_counts
@@ -16,7 +15,7 @@ from .._tar.keys import base_plus_ext
 from .._shard.members import iter_members
 from .._shard.samples import TarShardSamples
 from .._shard.origin import open_origin
-from ._common import bar, is_image, say, shard_urls
+from ._common import bar, is_image, say, shard_urls, worker_pool
 
 __all__ = ["cmd_verify", "parse_require", "verify_shard"]
 
@@ -107,7 +106,7 @@ def cmd_verify(args) -> int:
     failed = 0
     totals = {"shards": 0, "samples": 0, "members": 0, "bytes": 0, "images": 0}
     threads = max(1, min(args.threads, len(urls)))
-    with ThreadPoolExecutor(threads, thread_name_prefix="shardstream-verify") as pool, \
+    with worker_pool(threads, "shardstream-verify") as pool, \
             bar(len(urls), "shardstream verify", "shard", args.quiet) as progress:
         for url, (summary, problems) in zip(urls, pool.map(lambda u: _check(u, require, not args.no_decode), urls)):
             progress.update()
