@@ -131,6 +131,9 @@ class _Transfer:
                 self.total = self.received  # we already have every byte (a lying length got us here)
                 self.total_exact = True
                 return None
+            if size is not None and size > self.received:  # inside the object: the server refuses our range
+                raise self.error(f"{what}: the server refused a range inside the object (from byte {self.received} "
+                                 f"of {size})")
             raise self.error(f"{what}: range starts past the end of the object (size {size})")
         if status in _RETRY_STATUSES:
             raise _Retry(self.error(what), _retry_after(resp.headers.get(hdrs.RETRY_AFTER)))
