@@ -63,6 +63,22 @@ def test_a_silent_transfer_is_reported_before_its_stall_timeout(files, caplog, m
     assert len(quiet) == 1 and "x.bin" in quiet[0] and "stall_timeout" in quiet[0]
 
 
+@pytest.mark.timeout(60)
+def test_a_back_off_is_not_reported_as_the_servers_silence(files, caplog, monkeypatch):
+    """A 429 with Retry-After 2 s, under a stall timeout that warns after 1 s: the wait is ours,
+    so the only warning is the retry's."""
+    root, contents = files
+    monkeypatch.setattr(retries, "TICK", 0.1)
+    options = FetchOptions(stall_timeout=3.0, backoff_max=2.0, parallel_parts=1)
+    with ShardServer(root) as server:
+        server.options.fail_first, server.options.fail_first_fault = {"x.bin": 1}, "throttle"
+        server.options.retry_after = 2
+        with caplog.at_level(logging.WARNING, logger="shardstream"):
+            assert _read(server.url("x.bin"), options) == contents["x.bin"]
+    said = [r.getMessage() for r in caplog.records]
+    assert [m for m in said if "no bytes from" in m] == [] and any("retry 1/8" in m and "429" in m for m in said)
+
+
 def test_backoff_honours_retry_after_and_caps_jitter():
     options = wds.FetchOptions(backoff_base=0.5, backoff_max=4.0)
     assert retries.backoff_delay(options, 3, retry_after=30.0) == 4.0

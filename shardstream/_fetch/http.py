@@ -265,4 +265,5 @@ async def http_stream(
             delay = backoff_delay(options, failures, retry_after)
             note_fetch(retries=1, resumes=int(transfer.received > start))  # resumed after bytes this call delivered
             log_retry(failures, options, url, transfer.received, delay, error.message)
+            silence.rest(delay)  # (a back-off is no silence of the server's)
             await asyncio.sleep(delay)

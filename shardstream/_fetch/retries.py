@@ -49,6 +49,11 @@ class Silence:
         self.last = time.monotonic()
         self.warned = False
 
+    def rest(self, seconds: float) -> None:
+        """The transfer waits `seconds` on purpose (a back-off): silence counts from then on."""
+        self.last = time.monotonic() + seconds
+        self.warned = False
+
 
 _watched: Dict[int, Silence] = {}
 _watchdog: Optional["asyncio.Task[None]"] = None
