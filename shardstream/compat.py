@@ -7,6 +7,7 @@ and belongs to that class alone.
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import warnings
@@ -332,6 +333,8 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_epoch = 0  # the epoch the next iteration gets unless set_epoch was called
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
+        self._worker_pass = 0  # persistent workers without set_epoch: the pass their next iteration runs
+        self._current_pass = 0  # ... and the one under way (their copies number them; a state records it)
         loader = DataLoader(*positional, **kw)
         if subprocess:
             loader = SubprocessLoader(loader, **(subprocess if isinstance(subprocess, dict) else {}))
@@ -401,6 +404,8 @@ class WebLoader(DataPipeline, FluidInterface):
                 self._dataset.set_epoch(by_hand)  # set on the caller's dataset after the loader was made
                 self._user_epoch = True
             persistent = getattr(self.pipeline[0], "persistent_workers", False)  # their copies count passes
+            if persistent and not self._user_epoch:
+                self._current_pass, self._worker_pass = self._worker_pass, self._worker_pass + 1
             if not (self._user_epoch or persistent) and self._dataset.epoch in (None, self._auto_set):
                 self._dataset.set_epoch(self._auto_epoch)
                 self._auto_set = self._auto_epoch
@@ -414,6 +419,7 @@ class WebLoader(DataPipeline, FluidInterface):
     def set_epoch(self, epoch: int) -> None:
         """Set the dataset's epoch (new DataLoader workers pick it up). Without it, each
         iteration of the loader is the next epoch (0, 1, ...)."""
+        epoch = operator.index(epoch)  # (a numpy int from np.arange: states stay JSON)
         self.epoch = epoch
         self._user_epoch = True
         if self._pending is not None and self._pending.get("epoch") not in (None, epoch):
@@ -433,14 +439,29 @@ class WebLoader(DataPipeline, FluidInterface):
             "positions": {str(k): v for k, v in positions.items() if v is not None},
             "layout": self._dataset.layout(self._workers()),
             "split": self._loader_split,
-            # without workers the dataset runs here and counts its passes (see pass_base)
-            "passes": self._dataset.progress()[2] if not getattr(self.pipeline[0], "num_workers", 0) else 0,
+            # without workers the dataset runs here and counts its passes (see pass_base); persistent
+            # workers' copies count theirs, one per iteration of this loader
+            "passes": self._passes(pending),
             # items this loader handed out, for loader.with_epoch(n)
             "loader_delivered": int(pending.get("loader_delivered") or 0) if pending is not None else self.progress()[0],
         }
 
     def _workers(self) -> int:
         return max(1, getattr(self.pipeline[0], "num_workers", 0))
+
+    def _counting_workers(self) -> bool:
+        """Persistent workers without set_epoch: their dataset copies number the passes."""
+        loader = self.pipeline[0]
+        return bool(getattr(loader, "num_workers", 0) and getattr(loader, "persistent_workers", False)
+                    and not self._user_epoch)
+
+    def _passes(self, pending: Optional[Dict[str, Any]]) -> int:
+        """The pass a state is in: the dataset's count here, or the workers' (see _counting_workers)."""
+        if pending is not None:
+            return int(pending.get("passes") or 0)
+        if not getattr(self.pipeline[0], "num_workers", 0):
+            return self._dataset.progress()[2]
+        return self._current_pass if self._counting_workers() else 0
 
     def _fingerprinted(self) -> List[Any]:
         """The stages a state describes: the dataset's, then the loader's own after its items."""
@@ -462,6 +483,8 @@ class WebLoader(DataPipeline, FluidInterface):
             )
         if state.get("epoch") is not None:
             self._auto_epoch = self._auto_set = int(state["epoch"])  # the resumed epoch runs next
+        if self._counting_workers():
+            self._worker_pass = int(state.get("passes") or 0)  # the resumed pass runs next
         self._pending = state
         self._loader_split = state.get("split")
 

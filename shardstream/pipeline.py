@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 import sys
 import warnings
 import weakref
@@ -97,6 +98,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch for shard order and seeded shuffles (passed to every stage that has
         set_epoch: the equal-work splitter, detshuffle). Without it, each pass is a new epoch."""
+        epoch = operator.index(epoch)  # (a numpy int from np.arange: states stay JSON)
         if self._resume is not None and self._resume.get("epoch") not in (None, epoch):
             self._resume = None  # a loaded state of another epoch: this one starts fresh
             self._split_history = None

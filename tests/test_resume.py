@@ -718,6 +718,35 @@ def test_persistent_workers_still_change_the_order_every_epoch(monkeypatch, unev
     assert _keys(list(loader)) != _keys(list(loader))
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_persistent_workers_resume_the_pass_they_were_in(monkeypatch, uneven_shards, split):
+    """Persistent workers without set_epoch number their passes themselves: a checkpoint in the
+    second pass resumes the second pass (its order, its split), and the pass after it follows."""
+    if split:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def build():
+        ds = wds.WebDataset(uneven_shards, shardshuffle=True, seed=3,
+                            nodesplitter=wds.split_by_node if split else wds.single_node_only)
+        return wds.WebLoader(ds.shuffle(10).to_tuple("__key__").batched(4), batch_size=None, num_workers=2,
+                             persistent_workers=True)
+
+    reference = build()
+    passes = [_keys(list(reference)) for _ in range(3)]
+    assert passes[0] != passes[1]
+    loader = build()
+    list(loader)
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert _keys(head) + _keys(list(resumed)) == passes[1]
+    assert _keys(list(resumed)) == passes[2]
+
+
 def test_state_after_leaving_the_loop_and_after_the_epoch(shardset):
     ds = keyed(wds.WebDataset(shardset, shardshuffle=False))
     full = list(ds)
@@ -871,3 +900,16 @@ def test_the_harness_covers_every_implementation_of_the_state_contract():
             name, _, param = case.partition("[")
             assert name in tests, case
             assert not param or param.rstrip("]") in STAGES, case
+
+
+def test_a_numpy_epoch_keeps_states_json(shardset):
+    """`for epoch in np.arange(...)`: set_epoch takes the numpy int as an int."""
+    import numpy as np
+
+    ds = keyed(wds.WebDataset(shardset, shardshuffle=3, seed=1))
+    ds.set_epoch(np.int64(1))
+    loader = wds.WebLoader(keyed(wds.WebDataset(shardset, shardshuffle=3, seed=1)), batch_size=None)
+    loader.set_epoch(np.int64(1))
+    next(iter(ds)), next(iter(loader))
+    for state in (ds.state_dict(), loader.state_dict()):
+        assert json.loads(json.dumps(state))["epoch"] == 1 and type(state["epoch"]) is int
