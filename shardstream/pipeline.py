@@ -311,6 +311,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         if self._resume is not None:
             counts, positions = worker_view(self._resume)
             skip, seek = counts.get(worker, 0), positions.get(worker)
+            if not self._shard_order_reproducible():
+                seek = None  # its shard at the saved item may be another one now: replay (not exact, as warned)
             pass_base = self._resume.get("passes")
             split = self._equal_split()
             if split is not None:  # plans (and so positions) derive from the states resumed from
@@ -398,6 +400,18 @@ class DataPipeline(IterableDataset, PipelineStage):
         # Unordered output has no position to speak of; a DataLoader source (WebLoader) keeps
         # positions per worker instead.
         return (config.ordered or not self._use_engine(config)) and not _runs_elsewhere(self.pipeline[0])
+
+    def _shard_order_reproducible(self) -> bool:
+        """Whether another run puts the same shard at each item of a pass: every stage up to the
+        shard reader is seeded (a saved position names an item, a sample and a byte offset in it)."""
+        if getattr(self, "_unseeded_shard_shuffle", False):
+            return False
+        for stage in self.pipeline:
+            if not traits(stage).deterministic:
+                return False
+            if traits(stage).seekable:
+                return True
+        return True
 
     def seekable(self) -> bool:
         """Whether a pass can be resumed by position rather than replayed (see `_resume.positions`)."""

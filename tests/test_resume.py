@@ -913,3 +913,28 @@ def test_a_numpy_epoch_keeps_states_json(shardset):
     next(iter(ds)), next(iter(loader))
     for state in (ds.state_dict(), loader.state_dict()):
         assert json.loads(json.dumps(state))["epoch"] == 1 and type(state["epoch"]) is int
+
+
+@pytest.mark.parametrize("kind", ["shardshuffle", "resampled"])
+def test_an_unseeded_shard_order_resumes_inexactly_but_never_fails(uneven_shards, kind, monkeypatch):
+    """Without a seed the resumed pass draws another shard order, so the saved position (item,
+    sample, byte offset) would land in another shard: it is replayed instead, with the warning
+    (it used to seek that other shard to the old offset: 'empty file' past its end)."""
+    monkeypatch.delenv("WDS_SEED", raising=False)
+
+    def build():
+        if kind == "resampled":
+            return wds.WebDataset(uneven_shards, resampled=True).to_tuple("__key__").with_epoch(60)
+        return wds.WebDataset(uneven_shards, shardshuffle=True).to_tuple("__key__")
+
+    total = sum(UNEVEN) if kind == "shardshuffle" else 60
+    for _trial in range(8):
+        ds = build()
+        it = iter(ds)
+        head = [next(it) for _ in range(30)]
+        state = json.loads(json.dumps(ds.state_dict()))
+        del it
+        resumed = build()
+        with pytest.warns(UserWarning, match="unseeded"):
+            resumed.load_state_dict(state)
+        assert len(head) + len(list(resumed)) == total
