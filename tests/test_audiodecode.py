@@ -11,7 +11,7 @@ import torch
 import shardstream as wds
 from shardstream._decode.audio import AudioOptions, decode_audio
 
-from mediagen import AUDIO_FORMATS, audio_params, make_audio
+from mediagen import AUDIO_FORMATS, audio_params, can_encode, make_audio
 
 
 def peak_frequency(samples: np.ndarray, rate: int) -> float:
@@ -54,6 +54,18 @@ def test_time_window():
     np.testing.assert_array_equal(tail, whole[:, 3 * rate // 4 :])
     with pytest.raises(ValueError, match="time window"):
         decode_audio(data, AudioOptions(start=5.0), "wav")
+
+
+@pytest.mark.skipif(can_encode("libmp3lame") is not None, reason=str(can_encode("libmp3lame")))
+def test_a_window_counts_from_the_first_sample_whatever_its_timestamp():
+    """An mp3's first frame says ~0.07 s (the encoder's delay, which FFmpeg drops): the window
+    is still seconds from the first decoded sample, as for wav."""
+    data = make_audio("mp3", seconds=1.0)
+    whole, rate = decode_audio(data, AudioOptions(), "mp3")
+    part, _ = decode_audio(data, AudioOptions(start=0.25, end=0.5), "mp3")
+    np.testing.assert_array_equal(part, whole[:, rate // 4 : rate // 2])
+    head, _ = decode_audio(data, AudioOptions(end=0.5), "mp3")
+    np.testing.assert_array_equal(head, whole[:, : rate // 2])
 
 
 def test_torch_output_and_layout():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 import shardstream as wds
 from shardstream._decode.video import VideoOptions, decode_video
 
-from mediagen import level, make_video, video_params
+from mediagen import can_encode, level, make_video, video_params
 
 
 def indices(frames) -> list:
@@ -52,6 +53,42 @@ def test_frame_selection(clip, options, expected):
     frames, info = decode_video(clip, VideoOptions(info=True, **options), "mp4")
     assert indices(frames) == expected
     assert len(info["pts"]) == len(expected) and info["fps"] == 10.0 and info["size"] == (32, 48)
+
+
+@pytest.mark.parametrize("frames, rate, fps", [(12, 10, 10), (12, 10, 5), (30, 30, 30), (30, 30, 15), (24, 24, 24)])
+def test_resampling_ends_with_the_clip(frames, rate, fps):
+    """A clip of N frames at R fps asked for fps=F gives ceil(N / R * F) frames: no tick at the
+    clip's very end (summed steps made it 1.2000000000000002 s, before the end, once)."""
+    data = make_video("mp4", frames=frames, size=(32, 48), fps=rate)
+    got = decode_video(data, VideoOptions(fps=fps), "mp4")
+    assert len(got) == -(-frames * fps // rate)
+
+
+def _mpeg_ps(frames: int = 25, rate: int = 25) -> bytes:
+    """An MPEG program stream (`.mpg`): its first frame's timestamp is ~0.5 s, not 0."""
+    av = pytest.importorskip("av")
+    if can_encode("mpeg1video"):
+        pytest.skip(str(can_encode("mpeg1video")))
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mpeg") as container:
+        stream = container.add_stream("mpeg1video", rate=rate)
+        stream.height, stream.width, stream.pix_fmt = 32, 48, "yuv420p"
+        for i in range(frames):
+            pixels = np.full((32, 48, 3), level(i), np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def test_windows_count_from_the_clips_first_frame_whatever_its_timestamp():
+    data = _mpeg_ps()
+    frames, info = decode_video(data, VideoOptions(info=True), "mpg")
+    assert len(frames) == 25 and info["pts"][0] == 0.0
+    assert indices(decode_video(data, VideoOptions(end=0.5), "mpg")) == list(range(13))
+    assert indices(decode_video(data, VideoOptions(start=0.2, end=0.4), "mpg")) == [5, 6, 7, 8, 9]
+    assert indices(decode_video(data, VideoOptions(fps=5), "mpg")) == [0, 5, 10, 15, 20]
 
 
 def test_uniform_on_a_short_clip_repeats_frames(clip):

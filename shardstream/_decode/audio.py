@@ -88,14 +88,12 @@ def _decode(container: Any, options: AudioOptions, extension: str) -> Tuple[np.n
     source_channels = getattr(stream.codec_context, "channels", 0) or 0
     layout = "stereo" if wanted == "stereo" and source_channels > 2 else None
     resampler = av.AudioResampler(format="fltp", layout=layout, rate=rate)
+    # The window counts seconds from the first decoded sample, whatever timestamp the container
+    # gives it (an mp3's first frame says ~0.07 s: the encoder's delay, which FFmpeg drops).
     chunks: List[np.ndarray] = []
-    first_time: Optional[float] = None
-    have, wanted_end = 0, None
+    have = 0
+    wanted_end = None if options.end is None else round(options.end * rate)
     for frame in container.decode(stream):
-        if first_time is None:
-            first_time = frame.time or 0.0
-            if options.end is not None:
-                wanted_end = round((options.end - first_time) * rate)
         for out in resampler.resample(frame):
             chunk = out.to_ndarray()
             chunks.append(chunk)
@@ -108,7 +106,7 @@ def _decode(container: Any, options: AudioOptions, extension: str) -> Tuple[np.n
     if not chunks:
         raise ValueError(f"no audio samples decoded from this {extension or 'file'} (a zero-length stream)")
     samples = np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
-    begin = 0 if options.start is None else max(0, round((options.start - (first_time or 0.0)) * rate))
+    begin = 0 if options.start is None else max(0, round(options.start * rate))
     samples = samples[:, begin:wanted_end]
     if wanted == "mono" and samples.shape[0] > 1:
         samples = samples.mean(axis=0, keepdims=True)

@@ -92,13 +92,20 @@ def _out_size(width: int, height: int, size: Union[int, Tuple[int, int], None]) 
 
 
 def _timed_frames(container: Any, stream: Any) -> Iterator[Tuple[float, Any]]:
-    """Decoded frames with their time in seconds (from pts, else from the frame rate)."""
+    """Decoded frames with their time in seconds from the stream's start (from pts, else from the
+    frame rate): `start=`/`end=` and `info["pts"]` count from the clip's first frame, whatever
+    timestamp its container starts at (an MPEG-PS clip's first is ~0.5 s)."""
     rate = float(stream.average_rate or stream.guessed_rate or 0) or None
+    origin = None
+    if stream.start_time is not None and stream.time_base is not None:
+        origin = float(stream.start_time * stream.time_base)
     for index, frame in enumerate(container.decode(stream)):
         time = frame.time
         if time is None:
             time = index / rate if rate else float(index)
-        yield time, frame
+        elif origin is None:
+            origin = time
+        yield round(time - (origin or 0.0), 9), frame  # (0.74 - 0.54 is 0.19999999999999996)
 
 
 def _select(options: VideoOptions, frames: Iterator[Tuple[float, Any]], count: int, rate: float) -> List[Tuple[float, Any]]:
@@ -144,24 +151,30 @@ def _resampled(frames: Iterator[Tuple[float, Any]], options: VideoOptions, start
                rate: float) -> List[Tuple[float, Any]]:
     # Ticks at the new rate from the window start (else the first frame); each tick gets the
     # frame on screen then: frame i shows from its time until frame i+1's.
+    # Tick k is at origin + k / fps (computed, not summed: no drift), and a tick within a
+    # millionth of a step of a frame's start belongs to that frame: a clip of 12 frames at 10 fps
+    # asked for fps=10 gives 12 frames, not a 13th at 1.2000000000000002 s.
     assert options.fps is not None  # the fps mode
     step, limit = 1.0 / float(options.fps), options.frames
+    slack = step * 1e-6
     chosen: List[Tuple[float, Any]] = []
-    tick: Optional[float] = None
+    origin: Optional[float] = None
     previous: Optional[Tuple[float, Any]] = None
 
+    def tick() -> float:
+        return origin + len(chosen) * step  # type: ignore[operator]  # only once origin is set
+
     def show_previous_until(stop: float) -> None:
-        nonlocal tick
-        while tick is not None and tick < stop and tick < end and (limit is None or len(chosen) < limit):
-            chosen.append((tick, previous[1]))  # type: ignore[index]  # a tick exists only after a frame
-            tick += step
+        while origin is not None and tick() < stop - slack and tick() < end - slack and (
+                limit is None or len(chosen) < limit):
+            chosen.append((tick(), previous[1]))  # type: ignore[index]  # a tick exists only after a frame
 
     for time, frame in frames:
-        if tick is None and time >= start:
-            tick = start if options.start is not None and previous is not None else time
+        if origin is None and time >= start:
+            origin = start if options.start is not None and previous is not None else time
         if previous is not None:
             show_previous_until(time)
-        if tick is not None and (tick >= end or limit is not None and len(chosen) >= limit):
+        if origin is not None and (tick() >= end - slack or limit is not None and len(chosen) >= limit):
             return chosen
         previous = (time, frame)
     if previous is not None:
