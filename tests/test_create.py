@@ -166,6 +166,34 @@ def test_dali_index_offsets_are_tarfile_payload_offsets(created, tmp_path):
         assert [(int(o), k) for o, k in ours] == [(m.offset, m.name.rsplit(".", 1)[0]) for m in members[::2]]
 
 
+def _image(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(path)
+
+
+def test_class_folders_keep_their_names_and_linked_ones_count(tmp_path):
+    """classes.json names the folders as on disk (a dot or a space is kept; only keys change),
+    `a.b/` and `a_b/` stay two classes, a linked class folder is walked (once, even in a loop),
+    and two files that would share a key are refused instead of merged."""
+    src, real = tmp_path / "src", tmp_path / "real"
+    for path in ("a.b/x.jpg", "a_b/y.jpg", "my bird/z.jpg"):
+        _image(str(src / path))
+    _image(str(real / "dog" / "d.jpg"))
+    os.symlink(real / "dog", src / "dog")
+    os.symlink(real, real / "dog" / "loop")  # a loop: dog/loop/dog/loop/...
+    rc, _out, err = cli("create", src, tmp_path / "out", "-q")
+    assert rc == 0, err
+    classes = json.load(open(tmp_path / "out" / "classes.json"))
+    assert classes == {"a.b": 0, "a_b": 1, "dog": 2, "my bird": 3}
+    labels = {key: int(v["cls"]) for key, v in samples_of(shards_of(tmp_path / "out")).items()}
+    assert labels == {"a_b/x": 0, "a_b/y": 1, "dog/d": 2, "my_bird/z": 3}
+    rc, _out, err = cli("create", src, tmp_path / "out2", "-q", "--classes", tmp_path / "out" / "classes.json")
+    assert rc == 0, err
+    _image(str(src / "a_b" / "x.jpg"))  # a.b/x and a_b/x: both would be key a_b/x
+    rc, _out, err = cli("create", src, tmp_path / "out3", "-q")
+    assert rc == 1 and "both become sample key 'a_b/x'" in err
+
+
 def test_reencoding_bounds_the_longer_side(folder, tmp_path):
     code, _, err = cli("create", folder, tmp_path / "small", "--max-side", 48, "--maxcount", 100, "--workers", 1)
     assert code == 0, err

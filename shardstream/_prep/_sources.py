@@ -94,8 +94,17 @@ def list_folder(root: str, *, labels: bool, classes_file: Optional[str] = None, 
     suffix, the first folder is the class (`cls`, by `classes_file` or sorted folder names).
     Otherwise (the old `prepare`): webdataset's key rule, no labels. Hidden files are skipped."""
     groups: Dict[str, Dict[str, str]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    stems: Dict[str, str] = {}  # key -> the path (less its suffix) it came from: keys must not merge
+    folder_of: Dict[str, str] = {}  # key -> its class folder, as named on disk
+    seen_dirs = {os.path.realpath(root)}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # (linked class folders count)
+        kept = []
+        for d in sorted(dirnames):
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if not d.startswith(".") and real not in seen_dirs:  # (a link loop is walked once)
+                seen_dirs.add(real)
+                kept.append(d)
+        dirnames[:] = kept
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
@@ -104,20 +113,27 @@ def list_folder(root: str, *, labels: bool, classes_file: Optional[str] = None, 
             if labels:
                 stem, suffix = os.path.splitext(rel)
                 key, ext = safe_key(stem), _field_ext(suffix[1:], True)
+                origin = stem
             else:
                 base, extension = base_plus_ext(rel)
                 if base is None or extension is None:
                     continue
                 key, ext = re.sub(r"\s", "_", base), _field_ext(extension, False)
+                origin = base
             if not ext:
                 continue
+            if stems.setdefault(key, origin) != origin:
+                raise UsageError(f"{stems[key]!r} and {origin!r} both become sample key {key!r} (dots and whitespace "
+                                 "in keys become _): rename one")
+            if labels and "/" in rel:
+                folder_of[key] = rel.split("/", 1)[0]
             fields = groups.setdefault(key, {})
             if ext in fields:
                 raise UsageError(f"two files give sample {key!r} its field {ext!r}: {fields[ext]} and {full}")
             fields[ext] = full
     classes = None
     if labels:
-        folders = sorted({key.split("/", 1)[0] for key in groups if "/" in key})
+        folders = sorted(set(folder_of.values()))  # the names on disk, not the keys' (dots kept)
         classes = _read_classes(classes_file) if classes_file else {name: i for i, name in enumerate(folders)}
         unknown = [name for name in folders if name not in classes]
         if unknown:
@@ -127,10 +143,10 @@ def list_folder(root: str, *, labels: bool, classes_file: Optional[str] = None, 
         fields_of = groups[key]
         row_fields: List[Tuple[str, Union[bytes, Ref]]] = [(ext, Ref(path)) for ext, path in sorted(fields_of.items())]
         size = sum(os.path.getsize(path) for path in fields_of.values()) if need_sizes else None
-        if classes is not None and "/" in key:
+        if classes is not None and key in folder_of:
             if "cls" in fields_of:
                 raise UsageError(f"sample {key!r} has a .cls file and a class folder: use --input files")
-            label = str(classes[key.split("/", 1)[0]]).encode()
+            label = str(classes[folder_of[key]]).encode()
             row_fields.append(("cls", label))
             size = None if size is None else size + len(label)
         rows.append(Row(key, tuple(sorted(row_fields)), size))
