@@ -9,9 +9,11 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -244,6 +246,37 @@ def test_manifest_of_urls_from_the_http_server(server, folder, tmp_path):
     meta = json.loads(first["json"])
     assert meta["source"] == "web" and meta["key"] == "000000003" and meta["url"].endswith("img2.jpg?token=***")
     assert json.loads((tmp_path / "web" / "sizes.json").read_text()) == {"shard-000000.tar": 3, "shard-000001.tar": 2}
+
+
+def test_ctrl_c_stops_a_run_with_workers_at_once_and_leaves_no_temp_files(server, folder, tmp_path):
+    """Ctrl-C reaches the whole process group: the workers leave it to the parent, which stops
+    the shards being written (their temp files removed) and exits 130, instead of workers that
+    caught the interrupt themselves (a traceback from an idle one; at times a hang)."""
+    server.options.latency_ms = 300  # a slow origin: shard 0 (4 rows) takes 1.2 s, shard 1 (1 row) 0.3 s
+    try:
+        rows = [[server.url(f"cat/img{i}.jpg"), f"cat {i}", 0, "web"] for i in range(5)]
+        manifest = _manifest(tmp_path / "urls.csv", rows)
+        proc = subprocess.Popen([sys.executable, "-m", "shardstream", "create", str(manifest), str(tmp_path / "out"),
+                                 "--maxcount", "4", "--workers", "2", "--threads", "1", "-q"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            out = tmp_path / "out"
+            while time.monotonic() < deadline and not (out.exists() and any(n[0] == "." for n in os.listdir(out))):
+                time.sleep(0.05)  # until a worker writes a shard
+            time.sleep(0.6)  # shard 1's worker is idle now, shard 0's still fetching
+            os.killpg(proc.pid, signal.SIGINT)
+            start = time.monotonic()
+            _out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+            assert time.monotonic() - start < 10
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        assert [n for n in os.listdir(tmp_path / "out") if n.startswith(".") and "tmp" in n] == []
+    finally:
+        server.options.latency_ms = 0
 
 
 def test_csv_jsonl_and_parquet_manifests_give_the_same_shards(folder, tmp_path):

@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -30,15 +31,39 @@ def run_local(tasks: Sequence[ShardTask], ctx: WriteContext, workers: int, on_re
             on_result(write_shard(task, ctx))
         return
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context(method)) as pool:
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context(method),
+                             initializer=_worker_signals) as pool:
         futures = [pool.submit(write_shard, task, ctx) for task in tasks]
         try:
             for future in as_completed(futures):
                 on_result(future.result())
-        except BaseException:
+        except BaseException as exn:
             for future in futures:
                 future.cancel()
+            if isinstance(exn, KeyboardInterrupt):  # stop the shards being written: their temp files go
+                _stop_workers(pool)
             raise
+
+
+def _worker_signals() -> None:
+    """In a pool worker: Ctrl-C (sent to the whole process group) is the parent's to handle; the
+    parent's SIGTERM ends the shard being written as an exception does (its temp file removed)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()
 
 
 def _ray_write(row: Dict[str, bytes]) -> Dict[str, bytes]:
