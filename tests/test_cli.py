@@ -131,3 +131,19 @@ def test_ctrl_c_ends_a_command_at_once_while_its_server_stalls(command, tmp_path
         listener.close()
         for conn, _ in accepted:
             conn.close()
+
+
+@pytest.mark.parametrize("content, why", [("{not json", "is not JSON"), ("[1, 2]", "is not an object")])
+def test_index_says_so_when_the_sizes_file_it_would_merge_into_is_broken(shardset, tmp_path, capsys, content, why):
+    shard = shutil.copy(shardset[0], tmp_path)
+    (tmp_path / "sizes.json").write_text(content)
+    assert main(["index", shard]) == 1
+    err = capsys.readouterr().err
+    assert why in err and "sizes.json" in err and "Traceback" not in err
+
+
+def test_bench_refuses_an_unknown_decode_spec_and_honours_limit_zero(shardset, capsys):
+    assert main(["bench", shardset[0], "--decode", "bogus"]) == 1
+    assert "--decode 'bogus'" in capsys.readouterr().err
+    assert main(["bench", shardset[0], "--limit", "0", "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["samples"] == 0

@@ -285,7 +285,10 @@ def test_csv_jsonl_and_parquet_manifests_give_the_same_shards(folder, tmp_path):
     os.symlink(folder, tmp_path / "images")  # manifest paths are relative to the manifest
     _manifest(tmp_path / "m.csv", [list(r.values()) for r in records], header=list(records[0]))
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    inputs = ["m.csv", "m.jsonl"]
+    # pandas writes an int column with gaps as floats: "1.0" is label 1, as in the JSONL
+    _manifest(tmp_path / "m-floats.csv", [[*list(r.values())[:2], f"{r['label']}.0", r["extra"]] for r in records],
+              header=list(records[0]))
+    inputs = ["m.csv", "m.jsonl", "m-floats.csv"]
     try:
         import pyarrow
         import pyarrow.parquet

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+from .._base.errors import UsageError
 from .._shard.counts import cheap_counts
 from ._common import bar, say, shard_urls
 
@@ -19,7 +20,10 @@ def cmd_bench(args) -> int:
     urls = shard_urls(args.urls)
     dataset: Any = WebDataset(urls, shardshuffle=False, empty_check=False)
     if args.decode:
-        dataset = dataset.decode(args.decode)
+        try:
+            dataset = dataset.decode(args.decode)
+        except ValueError as exn:  # an unknown image spec
+            raise UsageError(f"--decode {args.decode!r}: {exn}") from None
     if args.threads:
         dataset = dataset.with_engine(threads=args.threads)
     known = cheap_counts(urls)
@@ -30,7 +34,7 @@ def cmd_bench(args) -> int:
     started = time.perf_counter()
     iterator = iter(dataset)
     with bar(total, "shardstream bench", "sample", args.quiet) as progress:
-        for _sample in iterator:
+        for _sample in iterator if args.limit != 0 else ():
             count += 1
             if not count & 63:
                 progress.update(64)

@@ -23,7 +23,14 @@ def merge_sizes(dest: Destination, name: str, counts: Dict[str, int]) -> None:
     """Write `counts` into the sizes file `name` of `dest`, keeping the entries it already has."""
     existing: Dict[str, int] = {}
     if dest.exists(name):
-        existing = json.loads(b"".join(open_origin(dest.where(name))))
+        where = dest.where(name)
+        try:
+            existing = json.loads(b"".join(open_origin(where)))
+        except ValueError as exn:
+            raise UsageError(f"the existing {name} is not JSON ({exn}): fix or remove it", url=where) from None
+        if not isinstance(existing, dict):
+            raise UsageError(f"the existing {name} is not an object of shard names to counts: fix or remove it",
+                             url=where)
     existing.update(counts)
     dest.write_bytes(name, json.dumps(dict(sorted(existing.items())), indent=1).encode())
 

@@ -79,6 +79,13 @@ def _image_ext(src: str) -> str:
 
 
 def _label(value: Any) -> bytes:
+    if isinstance(value, str) and ("." in value or "e" in value.lower()):
+        try:  # a CSV's "1.0" (pandas writes an int column with gaps as floats): 1, as from JSONL
+            number = float(value)
+        except ValueError:
+            number = None
+        if number is not None and number.is_integer():
+            value = int(number)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(value).encode()
