@@ -183,8 +183,9 @@ def test_engine_is_configurable_globally_and_per_dataset(shardset):
         assert wds.WebDataset(shardset, shardshuffle=False).with_engine(threads=1).resolved_engine_config().threads == 1
     finally:
         wds.set_engine_defaults(**{k: getattr(previous, k) for k in ("threads", "ordered", "enabled")})
-    with pytest.raises(ValueError):
-        wds.EngineConfig(threads=0)
+    for bad in (dict(threads=0), dict(threads=2.5), dict(max_chunk=0), dict(ordered="no"), dict(enabled=None)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            wds.WebDataset(shardset, shardshuffle=False).with_engine(**bad)
 
 
 def test_pipelines_pickle(shardset):

@@ -52,3 +52,17 @@ def test_errors_pickle_with_their_location():
     exc = ShardNotFound("shard not found", url="http://a:b@h/x.tar", offset=0)
     clone = pickle.loads(pickle.dumps(exc))
     assert type(clone) is ShardNotFound and str(clone) == str(exc) and clone.url == exc.url
+
+
+def test_errors_pickle_with_their_notes():
+    """A worker's or helper's error keeps the note that names the stage that raised it."""
+    from shardstream._cache.check import CorruptCacheFile
+    from shardstream._decode.decoder import DecodingError
+
+    for exc in (ShardNotFound("gone", url="u", offset=3), DecodingError(url="u", key="k", k="jpg", reason="r"),
+                CorruptCacheFile("bad", cache_path="p", url="u")):
+        exc.add_note("shardstream: raised in stage 'decode'")
+        clone = pickle.loads(pickle.dumps(exc))
+        assert type(clone) is type(exc) and clone.__notes__ == ["shardstream: raised in stage 'decode'"]
+        assert str(clone) == str(exc)
+    assert not hasattr(pickle.loads(pickle.dumps(ShardNotFound("gone", url="u"))), "__notes__")

@@ -21,6 +21,7 @@ __all__ = [
     "UsageError",
     "RedactedCause",
     "describe",
+    "notes_state",
     "redact_url",
     "safe_cause",
 ]
@@ -78,7 +79,14 @@ class ShardStreamError(Exception):
         return self._render()
 
     def __reduce__(self):  # keep location fields across pickling (DataLoader worker -> main)
-        return (_rebuild, (type(self), self.message, self.url, self.member, self.offset))
+        return (_rebuild, (type(self), self.message, self.url, self.member, self.offset), notes_state(self))
+
+
+def notes_state(exn: BaseException) -> Optional[dict]:
+    """The pickle state that keeps an error's notes (which stage raised it, which helper process)
+    when its class rebuilds itself from its fields: None when it has none."""
+    notes = getattr(exn, "__notes__", None)
+    return {"__notes__": list(notes)} if notes else None
 
 
 def _rebuild(cls, message, url, member, offset):

@@ -25,7 +25,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import xxhash
 
-from .._base.errors import FetchError
+from .._base.errors import FetchError, notes_state
 
 __all__ = [
     "BlockDigest", "CorruptCacheFile", "Resume", "ShardRecord", "VerifiedFile", "block_digest", "read_record",
@@ -146,7 +146,7 @@ class CorruptCacheFile(FetchError):
         super().__init__(message, url=url)
 
     def __reduce__(self):
-        return (_rebuild, (self.message, self.cache_path, self.url, self.reason, self.bad_offset))
+        return (_rebuild, (self.message, self.cache_path, self.url, self.reason, self.bad_offset), notes_state(self))
 
 
 def _rebuild(message, cache_path, url, reason, offset):

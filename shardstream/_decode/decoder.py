@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .audio import AudioHandler
 from .basic import basichandlers, pickle_setting
-from .._base.errors import ShardStreamError, UsageError
+from .._base.errors import ShardStreamError, UsageError, notes_state
 from .fusedimage import FusedImageHandler
 from .image import (
     IMAGE_EXTENSIONS,
@@ -150,7 +150,7 @@ class DecodingError(ShardStreamError):
         )
 
     def __reduce__(self):  # the sample can be large or unpicklable: leave it behind
-        return (DecodingError, (self.url, self.key, self.k, None, self.reason))
+        return (DecodingError, (self.url, self.key, self.k, None, self.reason), notes_state(self))
 
 
 def _reason(exn: BaseException, limit: int = 300) -> str:

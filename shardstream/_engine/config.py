@@ -7,6 +7,7 @@ SHARDSTREAM_THREADS sets the default decode-pool size; SHARDSTREAM_ENGINE=0 turn
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import threading
 from dataclasses import dataclass
@@ -42,12 +43,13 @@ class EngineConfig:
     log_interval: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.max_inflight is not None and self.max_inflight < 1:
-            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
-        if self.queue_chunks < 1 or self.max_chunk < 1:
-            raise ValueError("queue_chunks and max_chunk must be >= 1")
+        for name in ("threads", "max_inflight", "queue_chunks", "max_chunk"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("enabled", "ordered"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.log_interval is not None and self.log_interval <= 0:
             raise ValueError("log_interval must be positive")
 
