@@ -352,6 +352,21 @@ def test_nothing_is_written_outside_dest(folder, tmp_path):
     assert sorted(os.listdir(work)) == ["out"] and not (tmp_path / "escape-0.tar").exists()
 
 
+def test_overwrite_leaves_only_this_runs_shards(folder, created, tmp_path):
+    """--overwrite after a run with more shards: DEST holds this run's dataset, not a mix (the old
+    shards and their indexes go; a shard rewritten without a DALI index loses the old one); files
+    that are not shards of the pattern stay."""
+    dest = tmp_path / "out"
+    code, _, err = cli("create", folder, dest, "--maxcount", 5, "--workers", 1)
+    assert code == 0, err
+    (dest / "notes.txt").write_text("mine")
+    code, _, err = cli("create", folder, dest, "--maxcount", 100, "--overwrite", "--no-dali", "--workers", 1)
+    assert code == 0, err
+    assert sorted(os.listdir(dest)) == ["classes.json", "notes.txt", "shard-000000.tar", "shard-000000.tar.idx",
+                                        "sizes.json"]
+    assert len(list(wds.WebDataset(str(dest) + "/", shardshuffle=False))) == SAMPLES
+
+
 def test_s3_as_dest(folder, created, s3_env, s3_admin, tmp_path):
     s3_admin.create_bucket(Bucket="made")
     code, out, err = cli("create", folder, "s3://made/train", "--maxcount", 7, "--seed", 3, "--workers", 2)

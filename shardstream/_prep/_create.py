@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Set
 
 from .._base.errors import UsageError
 from ._dest import Destination
@@ -57,6 +58,17 @@ def _json_bytes(value: Dict[str, int]) -> bytes:
     return json.dumps(dict(sorted(value.items())), indent=1).encode()  # as `index` writes it
 
 
+def _remove_stale(dest: Destination, pattern: str, planned: Set[str]) -> None:
+    """--overwrite: the shards of an earlier run with more shards (named by the same pattern, not in
+    this plan) and their indexes go, so that DEST holds this run's dataset and nothing else."""
+    head, _, tail = re.split(r"(%0?\d*d)", pattern, maxsplit=1)
+    named = re.compile(re.escape(head) + r"\d+" + re.escape(tail) + r"(\.idx|\.dali\.idx)?")
+    for name in dest.names():
+        match = named.fullmatch(name)
+        if match and name[: len(name) - len(match.group(1) or "")] not in planned:
+            dest.remove(name)
+
+
 def create_shards(opts: CreateOptions) -> CreateSummary:
     """Run `shardstream create`. Raises UsageError (bad input, DEST not empty) and
     ShardStreamError (a sample or shard failed)."""
@@ -78,6 +90,8 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
         if taken:
             more = " ..." if len(taken) > 3 else ""
             raise UsageError(f"DEST already holds {', '.join(taken[:3])}{more}: --overwrite replaces them")
+    elif writes_sizes:
+        _remove_stale(dest, opts.pattern, {task.name for task in tasks})
     workers = opts.workers or max(1, min(os.cpu_count() or 1, len(mine)))
     ctx = WriteContext(
         dest, tuple(listing.shard_urls), opts.reencode, opts.threads, opts.skip_errors, opts.mtime or 0, opts.dali_index

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, BinaryIO, Iterator, Optional, Tuple
+from typing import Any, BinaryIO, Iterator, List, Optional, Tuple
 
 from .._base.errors import UsageError
 from .._fetch.open import local_path_of
@@ -84,6 +84,23 @@ class Destination:
                 discard()
             raise
         f.close()
+
+    def names(self) -> List[str]:
+        """The names of the files directly in this destination."""
+        if self.local is not None:
+            return sorted(n for n in os.listdir(self.local) if os.path.isfile(os.path.join(self.local, n)))
+        fs, root = self._remote()
+        return sorted(str(path).rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(root, detail=False))
+
+    def remove(self, name: str) -> None:
+        """Delete `name` if it is there."""
+        if self.local is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.local, name))
+            return
+        fs, root = self._remote()
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(f"{root}/{name}")
 
     def write_bytes(self, name: str, data: bytes) -> None:
         with self.open(name) as f:
