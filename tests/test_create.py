@@ -306,6 +306,25 @@ def test_csv_jsonl_and_parquet_manifests_give_the_same_shards(folder, tmp_path):
     assert len(samples) == 9 and {s["cls"] for s in samples.values()} == {b"0", b"1", b"2"}
 
 
+def test_manifest_keys_stay_inside_the_shard(folder, tmp_path):
+    """A key column's "/abs" or "dir/" would make an absolute or empty member name (extract refuses
+    the first, index skips the second): keys are made relative, and ".." is refused."""
+    os.symlink(folder, tmp_path / "images")
+    rows = [["images/cat/img0.jpg", "a", 0, "/abs"], ["images/cat/img1.jpg", "b", 0, "dir/"],
+            ["images/cat/img2.jpg", "c", 0, "x//y"]]
+    _manifest(tmp_path / "m.csv", rows, header=("path", "caption", "label", "key"))
+    code, _, err = cli("create", tmp_path / "m.csv", tmp_path / "out", "--workers", 1)
+    assert code == 0, err
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tar:
+        assert {m.name.split(".")[0] for m in tar.getmembers()} == {"abs", "dir", "x/y"}
+    code, _, err = cli("extract", tmp_path / "out" / "shard-000000.tar", tmp_path / "x")
+    assert code == 0, err
+    header = ("path", "caption", "label", "key")
+    _manifest(tmp_path / "bad.csv", [["images/cat/img0.jpg", "a", 0, "a/../b"]], header=header)
+    code, _, err = cli("create", tmp_path / "bad.csv", tmp_path / "bad", "--workers", 1)
+    assert code == 1 and "names no file inside a shard" in err
+
+
 def test_reshard_keeps_every_sample(created, tmp_path):
     source = samples_of(shards_of(created))
     code, _, err = cli("create", created, tmp_path / "re", "--maxcount", 10, "--seed", 5, "--workers", 2)

@@ -91,6 +91,15 @@ def _label(value: Any) -> bytes:
     return str(value).encode()
 
 
+def _manifest_key(value: Any, number: int) -> str:
+    """A key column's value as a sample key: member names stay relative ("/abs" is "abs", "dir/"
+    is "dir"), and a key that names no file ("", "..", "a/../b") is refused."""
+    parts = [part for part in str(value).strip().split("/") if part]
+    if not parts or any(part in (".", "..") for part in parts):
+        raise UsageError(f"manifest row {number}: the key {str(value)!r} names no file inside a shard")
+    return safe_key("/".join(parts))
+
+
 def read_manifest(opts: CreateOptions, need_sizes: bool) -> Listing:
     """img2dataset-style rows: the url/path column becomes the image (jpg unless its name says
     png, webp, ...), the caption `txt`, the label `cls`, and `json` holds the key, the url
@@ -112,7 +121,8 @@ def read_manifest(opts: CreateOptions, need_sizes: bool) -> Listing:
         if _missing(src):
             raise UsageError(f"manifest row {number} has no {url_col!r}")
         src = str(src)
-        key = safe_key(str(record[key_col])) if key_col and not _missing(record.get(key_col)) else f"{number:09d}"
+        given = key_col and not _missing(record.get(key_col))
+        key = _manifest_key(record[key_col], number) if given else f"{number:09d}"
         if key in seen:
             raise UsageError(f"manifest row {number}: key {key!r} appears twice")
         seen.add(key)
