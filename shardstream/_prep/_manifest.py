@@ -121,8 +121,8 @@ def read_manifest(opts: CreateOptions, need_sizes: bool) -> Listing:
         if _missing(src):
             raise UsageError(f"manifest row {number} has no {url_col!r}")
         src = str(src)
-        given = key_col and not _missing(record.get(key_col))
-        key = _manifest_key(record[key_col], number) if given else f"{number:09d}"
+        given = record.get(key_col) if key_col else None
+        key = f"{number:09d}" if _missing(given) else _manifest_key(given, number)
         if key in seen:
             raise UsageError(f"manifest row {number}: key {key!r} appears twice")
         seen.add(key)
