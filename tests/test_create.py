@@ -213,6 +213,19 @@ def test_reencoding_bounds_the_longer_side(folder, tmp_path):
     assert all(max(Image.open(io.BytesIO(f["jpg"])).size) <= 32 for f in samples.values())
 
 
+def test_reencoding_scales_16_bit_grey_images_instead_of_clipping_them(tmp_path):
+    """A 16-bit PNG re-encoded to JPEG keeps its tones (Pillow's convert clips at 255: nearly white)."""
+    values = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 15).astype(np.uint16)  # 0..61425
+    os.makedirs(tmp_path / "src" / "depth")
+    Image.fromarray(values).save(tmp_path / "src" / "depth" / "d.png")
+    assert Image.open(tmp_path / "src" / "depth" / "d.png").mode in ("I;16", "I")
+    code, _, err = cli("create", tmp_path / "src", tmp_path / "out", "--quality", 95, "--workers", 1)
+    assert code == 0, err
+    jpeg = samples_of(shards_of(tmp_path / "out"))["depth/d"]["jpg"]
+    got = np.asarray(Image.open(io.BytesIO(jpeg)).convert("L"), dtype=np.float64)
+    assert abs(got.mean() - values.mean() / 257) < 3
+
+
 def _manifest(path, rows, header=("url", "caption", "label", "source")):
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)

@@ -6,10 +6,13 @@ Deterministic for a given Pillow build: the same bytes in give the same bytes ou
 from __future__ import annotations
 
 import io
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 from ._options import Reencode
 from ._rows import IMAGE_SUFFIXES
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["reencode_fields", "reencode_image"]
 
@@ -33,11 +36,26 @@ def reencode_image(data: bytes, settings: Reencode) -> Optional[bytes]:
             rgba = image.convert("RGBA")
             image = Image.new("RGB", rgba.size, (255, 255, 255))
             image.paste(rgba, mask=rgba.getchannel("A"))
+        elif image.mode.startswith("I;16") or image.mode == "I":
+            image = _grey_to_8bit(image)
         elif image.mode not in ("RGB", "L"):
             image = image.convert("RGB")
         out = io.BytesIO()
         image.save(out, "JPEG", quality=settings.quality)
         return out.getvalue()
+
+
+def _grey_to_8bit(image: "Image.Image") -> "Image.Image":
+    """A 16-bit grey image (a 16-bit PNG opens as I;16 or I) scaled to 8 bits, not clipped at 255
+    as Pillow's convert does (which turns it nearly white). An I image whose values fit 8 bits
+    keeps them."""
+    import numpy as np
+    from PIL import Image
+
+    values = np.asarray(image, dtype=np.float64)
+    wide = image.mode.startswith("I;16") or (values.size and values.max() > 255)
+    scaled = values / 257.0 if wide else values
+    return Image.fromarray(np.clip(scaled + 0.5, 0, 255).astype(np.uint8), "L")
 
 
 def reencode_fields(fields: Dict[str, bytes], settings: Reencode) -> Dict[str, bytes]:
