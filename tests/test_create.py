@@ -412,6 +412,11 @@ def test_s3_as_dest(folder, created, s3_env, s3_admin, tmp_path):
     code, _, err = cli("create", manifest, "s3://made/failed", "--workers", 1)
     assert code == 1 and "missing.jpg" in err
     assert s3_admin.list_objects_v2(Bucket="made", Prefix="failed/").get("KeyCount", 0) == 0  # discarded, not committed
+    code, out, err = cli("create", folder, "s3://made/train", "--maxcount", 100, "--overwrite", "--workers", 1)
+    assert code == 0, err  # one shard now: the four of the first run and their indexes are gone
+    keys = [o["Key"] for o in s3_admin.list_objects_v2(Bucket="made", Prefix="train/")["Contents"]]
+    assert sorted(keys) == ["train/classes.json", "train/shard-000000.tar", "train/shard-000000.tar.dali.idx",
+                            "train/shard-000000.tar.idx", "train/sizes.json"]
 
 
 def test_index_of_remote_shards_into_out(created, tmp_path):

@@ -90,7 +90,11 @@ class Destination:
         if self.local is not None:
             return sorted(n for n in os.listdir(self.local) if os.path.isfile(os.path.join(self.local, n)))
         fs, root = self._remote()
-        return sorted(str(path).rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(root, detail=False))
+        try:
+            listed = fs.ls(root, detail=False)
+        except FileNotFoundError:  # an object store prefix with nothing under it yet
+            return []
+        return sorted(str(path).rstrip("/").rsplit("/", 1)[-1] for path in listed)
 
     def remove(self, name: str) -> None:
         """Delete `name` if it is there."""
