@@ -92,7 +92,10 @@ def raw_server():
 
 
 ANSWERS = {
-    "redirect loop": lambda path: f"HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n".encode(),
+    # "Connection: close": each answer on its own connection, so the client's error is the
+    # redirect loop's, not a reused connection the server has closed
+    "redirect loop": lambda path: (f"HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n"
+                                   "Connection: close\r\n\r\n").encode(),
     "not http": lambda path: b"NOT HTTP AT ALL\r\n\r\n",
 }
 
