@@ -66,3 +66,25 @@ def test_errors_pickle_with_their_notes():
         assert type(clone) is type(exc) and clone.__notes__ == ["shardstream: raised in stage 'decode'"]
         assert str(clone) == str(exc)
     assert not hasattr(pickle.loads(pickle.dumps(ShardNotFound("gone", url="u"))), "__notes__")
+
+
+def test_a_cause_that_holds_a_secret_is_chained_redacted():
+    """`safe_cause`: a third-party error whose text holds a credential is replaced by a stand-in with
+    the redacted text and the same traceback; a clean one is kept; one whose __str__ fails is named."""
+    from shardstream._base.errors import RedactedCause, safe_cause
+
+    clean = ValueError("plain")
+    assert safe_cause(clean) is clean
+    try:
+        raise ConnectionError("GET http://u:pw@h/x.tar?token=abc failed")
+    except ConnectionError as exn:
+        secret = exn
+    stand_in = safe_cause(secret)
+    assert isinstance(stand_in, RedactedCause) and stand_in.__traceback__ is secret.__traceback__
+    assert str(stand_in) == "ConnectionError: GET http://***@h/x.tar?token=*** failed"
+
+    class Broken(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert "could not be shown" in str(safe_cause(Broken()))

@@ -125,8 +125,18 @@ class RedactedCause(Exception):
 
 
 def _clean(exn: BaseException) -> bool:
-    text, shown = str(exn), repr(exn)
+    try:
+        text, shown = str(exn), repr(exn)
+    except Exception:  # noqa: BLE001 - a third party's broken __str__: stand in for it
+        return False
     return redact(text) == text and redact(shown) == shown
+
+
+def _text(exn: BaseException) -> str:
+    try:
+        return redact(str(exn))
+    except Exception:  # noqa: BLE001 - (as in _clean)
+        return "(its message could not be shown)"
 
 
 def safe_cause(exn: Optional[BaseException], depth: int = 0) -> Optional[BaseException]:
@@ -140,7 +150,7 @@ def safe_cause(exn: Optional[BaseException], depth: int = 0) -> Optional[BaseExc
         return exn
     name = type(exn).__qualname__
     module = type(exn).__module__
-    stand_in = RedactedCause(f"{name if module == 'builtins' else module + '.' + name}: {redact(str(exn))}")
+    stand_in = RedactedCause(f"{name if module == 'builtins' else module + '.' + name}: {_text(exn)}")
     stand_in.__traceback__ = exn.__traceback__
     stand_in.__cause__ = safe_below
     return stand_in
