@@ -175,7 +175,7 @@ def _image(path):
 
 def test_class_folders_keep_their_names_and_linked_ones_count(tmp_path):
     """classes.json names the folders as on disk (a dot or a space is kept; only keys change),
-    `a.b/` and `a_b/` stay two classes, a linked class folder is walked (once, even in a loop),
+    `a.b/` and `a_b/` stay two classes, a linked class folder is walked (a link back up is not),
     and two files that would share a key are refused instead of merged."""
     src, real = tmp_path / "src", tmp_path / "real"
     for path in ("a.b/x.jpg", "a_b/y.jpg", "my bird/z.jpg"):
@@ -183,12 +183,13 @@ def test_class_folders_keep_their_names_and_linked_ones_count(tmp_path):
     _image(str(real / "dog" / "d.jpg"))
     os.symlink(real / "dog", src / "dog")
     os.symlink(real, real / "dog" / "loop")  # a loop: dog/loop/dog/loop/...
+    os.symlink(real / "dog", src / "felines")  # a second name for the same folder: a class of its own
     rc, _out, err = cli("create", src, tmp_path / "out", "-q")
     assert rc == 0, err
     classes = json.load(open(tmp_path / "out" / "classes.json"))
-    assert classes == {"a.b": 0, "a_b": 1, "dog": 2, "my bird": 3}
+    assert classes == {"a.b": 0, "a_b": 1, "dog": 2, "felines": 3, "my bird": 4}
     labels = {key: int(v["cls"]) for key, v in samples_of(shards_of(tmp_path / "out")).items()}
-    assert labels == {"a_b/x": 0, "a_b/y": 1, "dog/d": 2, "my_bird/z": 3}
+    assert labels == {"a_b/x": 0, "a_b/y": 1, "dog/d": 2, "felines/d": 3, "my_bird/z": 4}
     rc, _out, err = cli("create", src, tmp_path / "out2", "-q", "--classes", tmp_path / "out" / "classes.json")
     assert rc == 0, err
     _image(str(src / "a_b" / "x.jpg"))  # a.b/x and a_b/x: both would be key a_b/x

@@ -204,7 +204,8 @@ class ShardCache(ClaimsAhead):
                 if claim is not None:
                     claims[shared.name] = claim
                 elif shared.writing_here(url) or shared.unlockable(url):
-                    shared.counters.add(bypassed=1)  # ours: following ourselves could deadlock
+                    # ours (following ourselves could deadlock), or no lock file can be made: nobody writes it
+                    shared.counters.add(bypassed=1)
                 else:
                     shared.counters.add(followed=1)
                     end = yield from follow(shared, url, on_stuck=self._release_unstarted)

@@ -96,13 +96,12 @@ def list_folder(root: str, *, labels: bool, classes_file: Optional[str] = None, 
     groups: Dict[str, Dict[str, str]] = {}
     stems: Dict[str, str] = {}  # key -> the path (less its suffix) it came from: keys must not merge
     folder_of: Dict[str, str] = {}  # key -> its class folder, as named on disk
-    seen_dirs = {os.path.realpath(root)}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # (linked class folders count)
+        here = os.path.realpath(dirpath)
         kept = []
         for d in sorted(dirnames):
             real = os.path.realpath(os.path.join(dirpath, d))
-            if not d.startswith(".") and real not in seen_dirs:  # (a link loop is walked once)
-                seen_dirs.add(real)
+            if not d.startswith(".") and not (here == real or here.startswith(real + os.sep)):  # (not a link loop)
                 kept.append(d)
         dirnames[:] = kept
         for name in sorted(filenames):
