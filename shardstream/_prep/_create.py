@@ -58,14 +58,19 @@ def _json_bytes(value: Dict[str, int]) -> bytes:
     return json.dumps(dict(sorted(value.items())), indent=1).encode()  # as `index` writes it
 
 
-def _remove_stale(dest: Destination, pattern: str, planned: Set[str]) -> None:
-    """--overwrite: the shards of an earlier run with more shards (named by the same pattern, not in
-    this plan) and their indexes go, so that DEST holds this run's dataset and nothing else."""
+def _clear_for_overwrite(dest: Destination, pattern: str, planned: Set[str], mine: Set[str], stale: bool) -> None:
+    """--overwrite, before writing: the DALI indexes of this process's shards go (a shard rewritten
+    without one, compressed or --no-dali, must not keep an index of other bytes), and with `stale`
+    (one process does it) the shards of an earlier, larger run (named by the same pattern, not in
+    this plan) with their indexes, so that DEST holds this run's dataset and nothing else."""
     head, _, tail = re.split(r"(%0?\d*d)", pattern, maxsplit=1)
     named = re.compile(re.escape(head) + r"\d+" + re.escape(tail) + r"(\.idx|\.dali\.idx)?")
     for name in dest.names():
         match = named.fullmatch(name)
-        if match and name[: len(name) - len(match.group(1) or "")] not in planned:
+        if match is None:
+            continue
+        shard = name[: len(name) - len(match.group(1) or "")]
+        if (stale and shard not in planned) or (shard in mine and match.group(1) == ".dali.idx"):
             dest.remove(name)
 
 
@@ -90,8 +95,9 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
         if taken:
             more = " ..." if len(taken) > 3 else ""
             raise UsageError(f"DEST already holds {', '.join(taken[:3])}{more}: --overwrite replaces them")
-    elif writes_sizes:
-        _remove_stale(dest, opts.pattern, {task.name for task in tasks})
+    else:
+        _clear_for_overwrite(dest, opts.pattern, {task.name for task in tasks}, {task.name for task in mine},
+                             stale=writes_sizes)
     workers = opts.workers or max(1, min(os.cpu_count() or 1, len(mine)))
     ctx = WriteContext(
         dest, tuple(listing.shard_urls), opts.reencode, opts.threads, opts.skip_errors, opts.mtime or 0, opts.dali_index

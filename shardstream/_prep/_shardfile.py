@@ -212,7 +212,6 @@ def write_shard(task: ShardTask, ctx: WriteContext) -> ShardResult:
             counting.abandoned = True
             raise
     ctx.dest.write_bytes(task.name + ".idx", idx_text(samples).encode("utf-8", "surrogateescape"))
-    wrote_dali = False
     if ctx.dali:
         if compressed:
             notes.append(f"{task.name}: no .dali.idx (DALI reads plain tars)")
@@ -220,7 +219,4 @@ def write_shard(task: ShardTask, ctx: WriteContext) -> ShardResult:
             notes.append(f"{task.name}: no .dali.idx (a member name holds whitespace)")
         else:
             ctx.dest.write_bytes(task.name + ".dali.idx", dali_text(dali).encode("utf-8", "surrogateescape"))
-            wrote_dali = True
-    if not wrote_dali:
-        ctx.dest.remove(task.name + ".dali.idx")  # an earlier run's (--overwrite): it indexes other bytes
     return ShardResult(task.number, task.name, len(samples), counting.written, payload, tuple(failures), tuple(notes))
