@@ -334,7 +334,6 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
         self._worker_pass = 0  # persistent workers without set_epoch: the pass their next iteration runs
-        self._current_pass = 0  # ... and the one under way (their copies number them; a state records it)
         loader = DataLoader(*positional, **kw)
         if subprocess:
             loader = SubprocessLoader(loader, **(subprocess if isinstance(subprocess, dict) else {}))
@@ -405,7 +404,7 @@ class WebLoader(DataPipeline, FluidInterface):
                 self._user_epoch = True
             persistent = getattr(self.pipeline[0], "persistent_workers", False)  # their copies count passes
             if persistent and not self._user_epoch:
-                self._current_pass, self._worker_pass = self._worker_pass, self._worker_pass + 1
+                self._worker_pass += 1
             if not (self._user_epoch or persistent) and self._dataset.epoch in (None, self._auto_set):
                 self._dataset.set_epoch(self._auto_epoch)
                 self._auto_set = self._auto_epoch
@@ -461,7 +460,7 @@ class WebLoader(DataPipeline, FluidInterface):
             return int(pending.get("passes") or 0)
         if not getattr(self.pipeline[0], "num_workers", 0):
             return self._dataset.progress()[2]
-        return self._current_pass if self._counting_workers() else 0
+        return max(0, self._worker_pass - 1) if self._counting_workers() else 0  # (the pass under way)
 
     def _fingerprinted(self) -> List[Any]:
         """The stages a state describes: the dataset's, then the loader's own after its items."""
