@@ -61,3 +61,8 @@ def test_resampled_shards_draw_from_listed_folders_and_globs_by_source(folder, t
         wds.ResampledShards(f"{folder}/train-*.tar::{folder}/none-*.tar", weights=[1, 1])
     keys = {s["__key__"] for s in itertools.islice(iter(wds.WebDataset(f"{other}/", resampled=True, seed=1)), 5)}
     assert keys == {"b"}
+
+
+def test_file_urls_list_as_their_paths_do(folder):
+    assert wds.SimpleShardList(f"file://{folder}/").urls == wds.SimpleShardList(folder + "/").urls
+    assert wds.SimpleShardList(f"file://{folder}/train-*.tar").urls == wds.SimpleShardList(folder + "/train-*.tar").urls

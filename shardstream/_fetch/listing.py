@@ -12,6 +12,7 @@ import os
 from typing import List
 
 from .._base.errors import ShardNotFound
+from .open import local_path_of
 
 __all__ = ["SHARD_SUFFIXES", "expand_listings", "folder_shards", "needs_listing"]
 
@@ -19,15 +20,13 @@ _GLOB = ("*", "?", "[")
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")  # what a local folder's listing keeps
 
 
-def _local(url: str) -> bool:
-    return "://" not in url and not url.startswith("pipe:")
-
-
 def needs_listing(url: str) -> bool:
-    """True for an S3 prefix (trailing /) or glob, or a local glob or folder (trailing /)."""
+    """True for an S3 prefix (trailing /) or glob, or a local glob or folder (trailing /; a path or
+    a file: URL)."""
     if url.startswith("s3://"):
         return url.endswith("/") or any(c in url[5:] for c in _GLOB)
-    return _local(url) and (url.endswith("/") or any(c in url for c in _GLOB))
+    path = local_path_of(url)
+    return path is not None and (path.endswith("/") or any(c in path for c in _GLOB))
 
 
 def expand_listings(urls: List[str]) -> List[str]:
@@ -43,10 +42,10 @@ def expand_listings(urls: List[str]) -> List[str]:
             from .s3 import s3_list
 
             result.extend(run_coroutine(s3_list(url)).result())
-        elif url.endswith("/") and not any(c in url for c in _GLOB):
-            result.extend(folder_shards(url))
         else:
-            result.extend(sorted(glob.glob(url)))
+            path = local_path_of(url) or url
+            globbed = any(c in path for c in _GLOB)
+            result.extend(sorted(glob.glob(path)) if globbed else folder_shards(path))
     return result
 
 
