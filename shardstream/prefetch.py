@@ -205,6 +205,7 @@ class _Producer:
         except Stopped:
             pass
         except BaseException as exc:  # shipped to the consumer, raised there
+            batch = entry = None  # the traceback keeps this frame: not the last batch with it
             try:
                 out.put(Failure(exc))
             except Stopped:
@@ -244,7 +245,11 @@ class PrefetchIterator:
             raise StopIteration
         if isinstance(entry, Failure):
             self.close()
-            raise entry.exc
+            exc, entry = entry.exc, None
+            try:
+                raise exc
+            finally:  # this frame is in exc's traceback: no cycle through its locals
+                del exc
         producer.credits.release()
         moved, state = entry
         if state is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import threading
 import time
 import traceback
@@ -114,6 +115,35 @@ def test_loader_error_is_raised_in_the_consumer():
 
 
 @pytest.mark.timeout(30)
+def test_a_loader_error_leaves_no_batch_in_a_reference_cycle():
+    """A batch held only by a garbage cycle is freed wherever the collector next runs. On CUDA that
+    can be a DataLoader worker forked meanwhile, where freeing a CUDA or pinned tensor aborts the
+    worker ("CUDA error: initialization error"; seen on an H100 when a pinned WebLoader followed
+    a prefetcher that had raised)."""
+    def source():
+        for i in range(100):
+            if i == 10:
+                raise KeyError("broken batch")
+            yield torch.full((4, 4), float(i))
+
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(KeyError):
+            for _ in DevicePrefetcher(source(), device="cpu", depth=4):
+                pass
+        del _
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        in_cycles = [type(o).__name__ for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert in_cycles == []
+
+
+@pytest.mark.timeout(30)
 def test_leaving_the_loop_stops_the_thread_and_closes_the_loader():
     closed = threading.Event()
 
@@ -178,3 +208,62 @@ def test_cuda_on_top_of_a_subprocess_loader(shardset):
     got = list(DevicePrefetcher(wds.SubprocessLoader(ds), device="cuda", depth=2))
     for (a1, k1), (a2, k2) in zip(expected, got):
         assert a2.is_cuda and np.array_equal(a1, a2.cpu().numpy()) and k1 == k2
+
+
+@needs_cuda
+@pytest.mark.timeout(60)
+def test_cuda_consumer_on_its_own_stream_waits_for_the_copies():
+    """A training step that runs under `torch.cuda.stream(s)` (as AMP and DDP set-ups do): the
+    hand-over waits on the consumer's current stream, not the default one."""
+    batches = [torch.full((2048, 1024), float(i)) for i in range(16)]
+    step_stream = torch.cuda.Stream()
+    with torch.cuda.stream(step_stream):
+        for i, x in enumerate(DevicePrefetcher(batches, device=torch.device("cuda", 0), depth=3)):
+            for _ in range(10):
+                x = x * 1.0
+            assert float(x.min()) == float(x.max()) == float(i)
+
+
+@needs_cuda
+@pytest.mark.timeout(120)
+def test_cuda_over_a_pinned_webloader_with_an_exact_resume(shardset):
+    """WebLoader(pin_memory=True) hands over pinned batches; the prefetcher moves them as they are,
+    and its state after k batches resumes a fresh loader at batch k, as on the CPU."""
+    def loader():
+        ds = wds.WebDataset(shardset[3:5], shardshuffle=False).decode().to_tuple("npy", "__key__").batched(4)
+        return wds.WebLoader(ds, batch_size=None, num_workers=2, pin_memory=True)
+
+    expected = [keys for _, keys in loader()]
+    batches = DevicePrefetcher(loader(), device="cuda:0", depth=3)
+    seen = []
+    for images, keys in batches:
+        assert images.is_cuda and images.device.index == 0
+        seen.append(keys)
+        if len(seen) == 5:
+            state = batches.state_dict()
+            break
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [keys for _, keys in DevicePrefetcher(resumed, device="cuda")]
+    assert seen + rest == expected
+
+
+@needs_cuda
+@pytest.mark.timeout(60)
+def test_cuda_leaving_the_loop_stops_the_thread_and_errors_reach_the_consumer():
+    def source():
+        for i in range(1000):
+            if i == 50:
+                raise KeyError("broken batch")
+            yield torch.full((256, 256), float(i))
+
+    for i, _ in enumerate(DevicePrefetcher(source(), device="cuda", depth=4)):
+        if i == 3:
+            break
+    deadline = time.monotonic() + 5
+    while _prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _prefetch_threads() == []
+    with pytest.raises(KeyError, match="broken batch"):
+        for x in DevicePrefetcher(source(), device="cuda", depth=4):
+            assert x.is_cuda
