@@ -4,8 +4,9 @@ every item to its parent through shared memory.
 One duplex pipe joins the two. Helper to parent: ("start", report) once the pipeline's iterator
 exists, ("item", encoded, report) per item, then ("end", report) or ("error", ...). Parent to
 helper: "credit" for each item received (the helper runs at most `buffer` items ahead: bounded
-credits, as in the engine's channels), and "stop". A report is the pipeline's progress, so the
-parent's state_dict() describes what it received (see pipeline.DataPipeline._follow).
+credits, as in the engine's channels), ("credit", names) when the parent is also done with
+those shared-memory segments (the writer recycles them), and "stop". A report is the pipeline's
+progress, so the parent's state_dict() describes what it received (see pipeline.DataPipeline._follow).
 
 The helper dies with its parent: a listener thread sees the pipe close (or the parent's pid
 vanish), removes the segments it made that the parent never took, and exits at once.
@@ -90,7 +91,7 @@ class _Helper:
         self.options = options
         self.stop = threading.Event()
         self.credits = threading.Semaphore(options.buffer)
-        self.writer = SegmentWriter(options.prefix)
+        self.writer = SegmentWriter(options.prefix, pool=options.buffer + 2)
         self.segments = threading.Lock()  # held while a segment is made, and by a dying listener
 
     def run(self, recipe: bytes) -> None:
@@ -157,6 +158,9 @@ class _Helper:
                     message = conn.recv()
                     if message == "credit":
                         self.credits.release()
+                    elif isinstance(message, tuple) and message[0] == "credit":
+                        self.writer.release(message[1])  # before the credit: the next item may reuse them
+                        self.credits.release()
                     elif message == "stop":
                         break
                 elif not _alive(parent):
@@ -174,6 +178,7 @@ class _Helper:
         self.segments.acquire(timeout=_STOP_GRACE_S)
         made = self.writer.sequence
         unlink_segments(self.options.prefix, max(0, made - self.options.buffer - 1), made)
+        self.writer.unlink_all()
         os._exit(0)
 
 

@@ -19,23 +19,33 @@ idle); here the receiver needs nothing from the sender. Tensors the byte route c
 
 Segments are named `prefix + sequence number`, so whoever outlives the other can remove the
 ones still pending without a listing (`unlink_segments`).
+
+On Linux a writer made with `pool=N` recycles segments: the receiver maps a segment without
+removing its name and, once the last array or tensor viewing that mapping is gone, hands the
+name back (`decode(..., recycle=)`; the SubprocessLoader sends it with the next credit); the
+writer then writes a later object into the same pages. A fresh segment costs its pages'
+allocation, zeroing and first-touch faults on both sides, and their freeing: 16 ms of system
+time per 19 MB batch on this project's VMs, against 1.3 ms for copying the bytes; an H100
+machine's SubprocessLoader ran 3x slower than the same loop in one process because of it.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import mmap
 import os
 import pickle
 import sys
+import weakref
 from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Encoded", "SegmentWriter", "decode", "unlink_segment", "unlink_segments"]
+__all__ = ["Encoded", "SegmentWriter", "decode", "recycling", "unlink_segment", "unlink_segments"]
 
 _ALIGN = 64
 _DEV_SHM = "/dev/shm"
@@ -114,12 +124,37 @@ def _create(name: str, size: int) -> Tuple[Any, Callable[[], None]]:
     return shm.buf, shm.close
 
 
-class SegmentWriter:
-    """The sender's side: `encode(obj)` writes its arrays into segment `prefix + n`."""
+def _capacity(size: int) -> int:
+    """A recycled segment's size for an object of `size` bytes: room for somewhat larger ones
+    (batches of variable-size images), in 64 KiB steps."""
+    step = 1 << 16
+    return (size + size // 8 + step - 1) // step * step
 
-    def __init__(self, prefix: str) -> None:
+
+def recycling() -> bool:
+    """Whether segments can be recycled here: the receiver maps them by name (/dev/shm)."""
+    return os.path.isdir(_DEV_SHM)
+
+
+class SegmentWriter:
+    """The sender's side: `encode(obj)` writes its arrays into segment `prefix + n`.
+
+    With `pool` > 0 (Linux only) segments are recycled: `release(names)` hands back those the
+    receiver is done with; up to `pool` of them wait, mapped, for the next objects that fit.
+    `unlink_all()` removes every segment this writer still has a name for.
+    """
+
+    def __init__(self, prefix: str, pool: int = 0) -> None:
         self.prefix = prefix
         self.sequence = 0  # the number the next segment gets
+        self.pool = pool if recycling() else 0
+        self.returned: Deque[str] = collections.deque()  # released by the receiver; any thread appends
+        self.free: Dict[str, int] = {}  # name -> capacity, ready for reuse
+        self.mapped: Dict[str, Any] = {}  # name -> this side's mapping of a recycled segment
+
+    def release(self, names: Iterable[str]) -> None:
+        """The receiver is done with these segments (thread-safe)."""
+        self.returned.extend(names)
 
     def encode(self, obj: Any) -> Encoded:
         if "torch" in sys.modules and "torch.multiprocessing" not in sys.modules:
@@ -130,8 +165,12 @@ class SegmentWriter:
         pickler.dump(obj)
         if not leaves:
             return Encoded((None, 0, buffer.getvalue()))
-        name = f"{self.prefix}{self.sequence}"
-        self.sequence += 1
+        if self.pool:
+            name, memory = self._recycled(pickler.size)
+            for offset, leaf in leaves:
+                _write(memory, offset, leaf)
+            return Encoded((name, pickler.size, buffer.getvalue()))
+        name = self._next_name()
         memory, release = _create(name, pickler.size)
         try:
             for offset, leaf in leaves:
@@ -143,6 +182,43 @@ class SegmentWriter:
             except BufferError:  # a view still held (an exception's frames): unmapped when collected
                 pass
         return Encoded((name, pickler.size, buffer.getvalue()))
+
+    def _next_name(self) -> str:
+        name = f"{self.prefix}{self.sequence}"
+        self.sequence += 1
+        return name
+
+    def _recycled(self, size: int) -> Tuple[str, Any]:
+        """A segment of at least `size` bytes, recycled where one is free, and this side's mapping."""
+        while self.returned:
+            name = self.returned.popleft()
+            if name in self.mapped:
+                self.free[name] = len(self.mapped[name])
+        fits = [(capacity, name) for name, capacity in self.free.items() if capacity >= size]
+        if fits:
+            name = min(fits)[1]
+            del self.free[name]
+        else:
+            name = self._next_name()
+            self.mapped[name] = _create(name, _capacity(size))[0]
+        while len(self.free) > self.pool:  # the smallest free ones go first
+            self._drop(min((capacity, n) for n, capacity in self.free.items())[1])
+        return name, self.mapped[name]
+
+    def _drop(self, name: str) -> None:
+        self.free.pop(name, None)
+        memory = self.mapped.pop(name, None)
+        unlink_segment(name)
+        if memory is not None:
+            try:
+                memory.close()
+            except BufferError:  # a view still held: unmapped when collected
+                pass
+
+    def unlink_all(self) -> None:
+        """Remove the names of every segment this writer recycles (mappings stay valid)."""
+        for name in list(self.mapped):
+            self._drop(name)
 
 
 def _write(buf: Any, offset: int, leaf: Any) -> None:
@@ -176,8 +252,9 @@ class _Unpickler(pickle.Unpickler):
         return flat.view(dtype).view(shape)
 
 
-def _take(name: str, size: int) -> Any:
-    """Map segment `name` and remove its name: the mapping keeps the memory alive."""
+def _take(name: str, size: int, keep: bool = False) -> Any:
+    """Map segment `name` and remove its name (unless `keep`: a recycled segment's name stays):
+    the mapping keeps the memory alive."""
     path = os.path.join(_DEV_SHM, name)
     if os.path.isdir(_DEV_SHM):
         fd = os.open(path, os.O_RDWR)
@@ -185,7 +262,8 @@ def _take(name: str, size: int) -> Any:
             memory = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        os.unlink(path)
+        if not keep:
+            os.unlink(path)
         return memory
     # No /dev/shm to map by path (macOS): one copy out of the segment.
     shm = SharedMemory(name)
@@ -197,10 +275,19 @@ def _take(name: str, size: int) -> Any:
         shm.unlink()
 
 
-def decode(encoded: Encoded) -> Any:
-    """The receiver's side: the object, its arrays and tensors viewing the mapped segment."""
+def decode(encoded: Encoded, recycle: Optional[Callable[[str], Any]] = None) -> Any:
+    """The receiver's side: the object, its arrays and tensors viewing the mapped segment.
+
+    With `recycle` (a writer that recycles), the segment keeps its name and `recycle(name)` is
+    called once nothing views this mapping any more, from whichever thread drops the last view.
+    """
     name, size, payload = encoded
-    memory = _take(name, size) if name is not None else None
+    memory = None
+    if name is not None:
+        recycled = recycle is not None and recycling()
+        memory = _take(name, size, keep=recycled)
+        if recycle is not None and recycled:
+            weakref.finalize(memory, recycle, name).atexit = False
     return _Unpickler(io.BytesIO(payload), memory).load()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import collections
 import pickle
 import secrets
 import signal
@@ -32,7 +33,7 @@ from .helper import HelperOptions, Report, helper_main, pipeline_of
 from .._stages.resumable import ResumeTraits
 from .._fetch.open import pipe_allowed
 from .._plan.ranks import pytorch_worker_info
-from .shm import decode, unlink_segments
+from .shm import decode, unlink_segment, unlink_segments
 from .._base.lazytorch import IterableDataset
 
 __all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader"]
@@ -156,7 +157,9 @@ class _Link:
         self.conn = conn
         self.prefix = prefix
         self.buffer = buffer
-        self.next_segment = 0  # segments below this one were received (and so unlinked here)
+        self.next_segment = 0  # segments below this one were received
+        self.received: set = set()  # names of the segments received (recycled ones keep their names)
+        self.done_with: collections.deque = collections.deque()  # recycled segments nothing here views
         self.closed = False
 
     def receive(self, timeout: Optional[float]) -> Any:
@@ -187,11 +190,15 @@ class _Link:
 
     def taken(self, segment: Optional[str]) -> None:
         if segment is not None:
-            self.next_segment = int(segment[len(self.prefix):]) + 1
+            self.next_segment = max(self.next_segment, int(segment[len(self.prefix):]) + 1)
+            self.received.add(segment)
 
     def credit(self) -> None:
+        """One more item may come; with it, the segments this process is done with go back."""
+        done_with = self.done_with
+        names = [done_with.popleft() for _ in range(len(done_with))]
         try:
-            self.conn.send("credit")
+            self.conn.send(("credit", names) if names else "credit")
         except OSError:
             pass  # the helper is gone; the next receive says so
 
@@ -212,8 +219,11 @@ class _Link:
         if process.exitcode is None:
             process.kill()
             process.join(_KILL_WAIT_S)
-        # At most `buffer` items were out (credits), each with at most one segment.
+        # At most `buffer` items were out (credits), each with at most one new segment.
         unlink_segments(self.prefix, self.next_segment, self.next_segment + self.buffer + 1)
+        for name in self.received:  # recycled ones keep their names while the helper lives
+            unlink_segment(name)
+        self.received.clear()
         self.conn.close()
 
 
@@ -269,7 +279,7 @@ class SubprocessIterator:
                 if kind == "item":
                     _kind, encoded, report = message
                     link.taken(encoded[0])
-                    item = decode(encoded)
+                    item = decode(encoded, recycle=link.done_with.append)
                     link.credit()
                     self._note(report)
                     return item
