@@ -126,7 +126,10 @@ def test_items_keep_structure_and_arrays_are_shared_memory_views():
     for a, b in zip(expected, got):
         _same(a, b)
     item = got[-1]
-    assert isinstance(item["pair"].image.base, mmap.mmap)  # a view of the mapped segment, no copy
+    base = item["pair"].image.base
+    while isinstance(base, np.ndarray):  # a recycled segment: one array per item over the mapping
+        base = base.base
+    assert isinstance(base, mmap.mmap)  # a view of the mapped segment, no copy
     assert item["pair"].image.flags.writeable
     assert _segments() == []
 
@@ -148,6 +151,20 @@ def test_segments_are_recycled_and_a_held_item_is_never_written_over():
     for i, array in held.items():
         assert array.shape == (sizes[i],) and (array == i % 251).all(), i
     assert _segments() == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts this process's mappings")
+def test_segments_the_helper_removes_are_unmapped_here():
+    """Batches that keep growing outgrow every free segment: the helper removes the spare ones and
+    this process lets go of its mappings of them (else their memory would stay, unnamed)."""
+    prefix = f"/dev/shm/shardstream-{os.getpid()}-"
+    mapped = []
+    for i, array in SubprocessLoader(Sized([(i + 1) << 18 for i in range(40)]), buffer=2):
+        del array
+        with open("/proc/self/maps") as maps:
+            mapped.append(len({line.split()[-2] if line.endswith("(deleted)\n") else line.split()[-1]
+                               for line in maps if prefix in line}))
+    assert max(mapped) <= 2 + 2 + 2, mapped  # in flight, the free pool, the one just taken and dropped
 
 
 def test_same_batches_as_in_process(shardset):

@@ -2,7 +2,7 @@
 every item to its parent through shared memory.
 
 One duplex pipe joins the two. Helper to parent: ("start", report) once the pipeline's iterator
-exists, ("item", encoded, report) per item, then ("end", report) or ("error", ...). Parent to
+exists, ("item", encoded, report, segments removed) per item, then ("end", report) or ("error", ...). Parent to
 helper: "credit" for each item received (the helper runs at most `buffer` items ahead: bounded
 credits, as in the engine's channels), ("credit", names) when the parent is also done with
 those shared-memory segments (the writer recycles them), and "stop". A report is the pipeline's
@@ -112,7 +112,7 @@ class _Helper:
                         if self.stop.is_set():
                             raise Stopped()
                         encoded = self.writer.encode(item)
-                    self._send(("item", encoded, _report(pipeline)))
+                    self._send(("item", encoded, _report(pipeline), self.writer.take_dropped()))
             finally:
                 close = getattr(items, "close", None)
                 if close is not None:

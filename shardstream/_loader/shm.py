@@ -20,10 +20,10 @@ idle); here the receiver needs nothing from the sender. Tensors the byte route c
 Segments are named `prefix + sequence number`, so whoever outlives the other can remove the
 ones still pending without a listing (`unlink_segments`).
 
-On Linux a writer made with `pool=N` recycles segments: the receiver maps a segment without
-removing its name and, once the last array or tensor viewing that mapping is gone, hands the
-name back (`decode(..., recycle=)`; the SubprocessLoader sends it with the next credit); the
-writer then writes a later object into the same pages. A fresh segment costs its pages'
+On Linux a writer made with `pool=N` recycles segments: a `SegmentReader` maps a segment once,
+keeps its name and mapping and, once the last array or tensor of an item in it is gone, hands
+the name back (the SubprocessLoader sends it with the next credit); the writer then writes a
+later object into the same pages, and says which segments it removed so the reader unmaps them. A fresh segment costs its pages'
 allocation, zeroing and first-touch faults on both sides, and their freeing: 16 ms of system
 time per 19 MB batch on this project's VMs, against 1.3 ms for copying the bytes; an H100
 machine's SubprocessLoader ran 3x slower than the same loop in one process because of it.
@@ -45,7 +45,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Encoded", "SegmentWriter", "decode", "recycling", "unlink_segment", "unlink_segments"]
+__all__ = ["Encoded", "SegmentReader", "SegmentWriter", "decode", "recycling", "unlink_segment", "unlink_segments"]
 
 _ALIGN = 64
 _DEV_SHM = "/dev/shm"
@@ -151,6 +151,7 @@ class SegmentWriter:
         self.returned: Deque[str] = collections.deque()  # released by the receiver; any thread appends
         self.free: Dict[str, int] = {}  # name -> capacity, ready for reuse
         self.mapped: Dict[str, Any] = {}  # name -> this side's mapping of a recycled segment
+        self.dropped: List[str] = []  # removed since `take_dropped()`: the reader unmaps them
 
     def release(self, names: Iterable[str]) -> None:
         """The receiver is done with these segments (thread-safe)."""
@@ -205,15 +206,16 @@ class SegmentWriter:
             self._drop(min((capacity, n) for n, capacity in self.free.items())[1])
         return name, self.mapped[name]
 
+    def take_dropped(self) -> List[str]:
+        """The segments removed since the last call (for the reader to unmap)."""
+        dropped, self.dropped = self.dropped, []
+        return dropped
+
     def _drop(self, name: str) -> None:
         self.free.pop(name, None)
-        memory = self.mapped.pop(name, None)
+        self.mapped.pop(name, None)  # let go, not closed: a view in an exception's frames may remain
         unlink_segment(name)
-        if memory is not None:
-            try:
-                memory.close()
-            except BufferError:  # a view still held: unmapped when collected
-                pass
+        self.dropped.append(name)
 
     def unlink_all(self) -> None:
         """Remove the names of every segment this writer recycles (mappings stay valid)."""
@@ -248,22 +250,26 @@ class _Unpickler(pickle.Unpickler):
         dtype = getattr(torch, dtype)
         if not nbytes:
             return torch.empty(shape, dtype=dtype)
-        flat = torch.frombuffer(self.memory, dtype=torch.uint8, count=nbytes, offset=offset)
+        if isinstance(self.memory, np.ndarray):  # a recycled segment: the tensor keeps the item's array alive
+            flat = torch.from_numpy(self.memory[offset:offset + nbytes])
+        else:
+            flat = torch.frombuffer(self.memory, dtype=torch.uint8, count=nbytes, offset=offset)
         return flat.view(dtype).view(shape)
 
 
-def _take(name: str, size: int, keep: bool = False) -> Any:
-    """Map segment `name` and remove its name (unless `keep`: a recycled segment's name stays):
-    the mapping keeps the memory alive."""
-    path = os.path.join(_DEV_SHM, name)
+def _map(name: str, size: int) -> Any:
+    fd = os.open(os.path.join(_DEV_SHM, name), os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _take(name: str, size: int) -> Any:
+    """Map segment `name` and remove its name: the mapping keeps the memory alive."""
     if os.path.isdir(_DEV_SHM):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            memory = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        if not keep:
-            os.unlink(path)
+        memory = _map(name, size)
+        os.unlink(os.path.join(_DEV_SHM, name))
         return memory
     # No /dev/shm to map by path (macOS): one copy out of the segment.
     shm = SharedMemory(name)
@@ -275,20 +281,56 @@ def _take(name: str, size: int, keep: bool = False) -> Any:
         shm.unlink()
 
 
-def decode(encoded: Encoded, recycle: Optional[Callable[[str], Any]] = None) -> Any:
-    """The receiver's side: the object, its arrays and tensors viewing the mapped segment.
-
-    With `recycle` (a writer that recycles), the segment keeps its name and `recycle(name)` is
-    called once nothing views this mapping any more, from whichever thread drops the last view.
-    """
+def decode(encoded: Encoded) -> Any:
+    """The receiver's side: the object, its arrays and tensors viewing the mapped segment."""
     name, size, payload = encoded
-    memory = None
-    if name is not None:
-        recycled = recycle is not None and recycling()
-        memory = _take(name, size, keep=recycled)
-        if recycle is not None and recycled:
-            weakref.finalize(memory, recycle, name).atexit = False
+    memory = _take(name, size) if name is not None else None
     return _Unpickler(io.BytesIO(payload), memory).load()
+
+
+class SegmentReader:
+    """The receiver's side of a writer that recycles: `decode(encoded)` as above, but the segment
+    keeps its name and this side's mapping of it, and `recycle(name)` is called once nothing views
+    the item's part of it any more, from whichever thread drops the last view.
+
+    Each item's arrays and tensors view one numpy array over the mapping (numpy keeps it as
+    their base, torch.from_numpy holds it), whose collection is the signal. Mappings stay for
+    the next item in the same segment: no mmap, page faults and munmap per item. (On a
+    16-core H100 machine, 16 threads copying out of a fresh 19 MB mapping took 120 ms of CPU
+    time, against 26 ms from memory already mapped.) `forget(names)` closes the mappings of
+    segments the writer has removed; `close()` all of them. A mapping is never closed here, only
+    let go: numpy arrays over an mmap hold a reference to it but no buffer export, so an
+    explicit close under a live item would leave it pointing at unmapped memory; the mapping is
+    unmapped when its last item goes.
+    """
+
+    def __init__(self, recycle: Callable[[str], Any]) -> None:
+        self.recycle = recycle
+        self.mappings: Dict[str, Any] = {}
+
+    def decode(self, encoded: Encoded) -> Any:
+        name, size, payload = encoded
+        if name is None:
+            return _Unpickler(io.BytesIO(payload), None).load()
+        if not recycling():
+            return decode(encoded)
+        mapping = self.mappings.get(name)
+        if mapping is None or len(mapping) < size:
+            mapping = self.mappings[name] = _map(name, _size_of(name))  # the whole segment: later items may be larger
+        memory = np.ndarray((size,), np.uint8, buffer=mapping)
+        weakref.finalize(memory, self.recycle, name).atexit = False
+        return _Unpickler(io.BytesIO(payload), memory).load()
+
+    def forget(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.mappings.pop(name, None)
+
+    def close(self) -> None:
+        self.mappings.clear()
+
+
+def _size_of(name: str) -> int:
+    return os.stat(os.path.join(_DEV_SHM, name)).st_size
 
 
 def unlink_segment(name: str) -> None:

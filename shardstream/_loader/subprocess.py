@@ -33,7 +33,7 @@ from .helper import HelperOptions, Report, helper_main, pipeline_of
 from .._stages.resumable import ResumeTraits
 from .._fetch.open import pipe_allowed
 from .._plan.ranks import pytorch_worker_info
-from .shm import decode, unlink_segment, unlink_segments
+from .shm import SegmentReader, unlink_segment, unlink_segments
 from .._base.lazytorch import IterableDataset
 
 __all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader"]
@@ -160,6 +160,7 @@ class _Link:
         self.next_segment = 0  # segments below this one were received
         self.received: set = set()  # names of the segments received (recycled ones keep their names)
         self.done_with: collections.deque = collections.deque()  # recycled segments nothing here views
+        self.reader = SegmentReader(self.done_with.append)
         self.closed = False
 
     def receive(self, timeout: Optional[float]) -> Any:
@@ -224,6 +225,7 @@ class _Link:
         for name in self.received:  # recycled ones keep their names while the helper lives
             unlink_segment(name)
         self.received.clear()
+        self.reader.close()
         self.conn.close()
 
 
@@ -277,9 +279,10 @@ class SubprocessIterator:
                 message = link.receive(self._timeout)
                 kind = message[0]
                 if kind == "item":
-                    _kind, encoded, report = message
+                    _kind, encoded, report, dropped = message
+                    link.reader.forget(dropped)
                     link.taken(encoded[0])
-                    item = decode(encoded, recycle=link.done_with.append)
+                    item = link.reader.decode(encoded)
                     link.credit()
                     self._note(report)
                     return item
