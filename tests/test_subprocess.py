@@ -70,6 +70,11 @@ class Sized:
             yield i, np.full(size, i % 251, np.uint8)
 
 
+class TorchThreads:
+    def __iter__(self):
+        yield torch.get_num_threads()
+
+
 class Sleeper:
     def __iter__(self):
         yield 1
@@ -165,6 +170,13 @@ def test_segments_the_helper_removes_are_unmapped_here():
             mapped.append(len({line.split()[-2] if line.endswith("(deleted)\n") else line.split()[-1]
                                for line in maps if prefix in line}))
     assert max(mapped) <= 2 + 2 + 2, mapped  # in flight, the free pool, the one just taken and dropped
+
+
+def test_the_helper_runs_torch_on_one_intra_op_thread():
+    """As in a DataLoader worker: the helper's parallelism is its engine's threads; torch's default
+    of a thread per core beside the training process oversubscribed a 16-core H100 machine."""
+    assert list(SubprocessLoader(TorchThreads())) == [1]
+    assert list(SubprocessLoader(TorchThreads(), context="spawn", preload=())) == [1]  # torch imported by the recipe
 
 
 def test_same_batches_as_in_process(shardset):
