@@ -142,7 +142,7 @@ def test_items_keep_structure_and_arrays_are_shared_memory_views():
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="segments are recycled where they are mapped by name")
 def test_segments_are_recycled_and_a_held_item_is_never_written_over():
     """A fresh segment per item costs its pages' allocation, zeroing and faults on both sides
-    (3x the time of the same loop in one process, measured on an H100 machine): segments the
+    (11 ms against 1.3 ms recycled, per 19 MB batch, on this project's VM): segments the
     consumer is done with are written again. Items still held keep their values."""
     sizes = [1 << 20, 1 << 16, 3 << 20, 1 << 20, 1 << 18] * 12  # bigger and smaller than the segments free
     held, names = {}, set()
@@ -169,12 +169,15 @@ def test_segments_the_helper_removes_are_unmapped_here():
         with open("/proc/self/maps") as maps:
             mapped.append(len({line.split()[-2] if line.endswith("(deleted)\n") else line.split()[-1]
                                for line in maps if prefix in line}))
-    assert max(mapped) <= 2 + 2 + 2, mapped  # in flight, the free pool, the one just taken and dropped
+    # in flight (buffer), the helper's free pool (buffer + 2), the item just taken, and one the
+    # helper removed whose name comes with the next item; without letting go: one per item
+    assert max(mapped) <= 2 + 4 + 1 + 1, mapped
+    assert len(mapped) == 40
 
 
 def test_the_helper_runs_torch_on_one_intra_op_thread():
     """As in a DataLoader worker: the helper's parallelism is its engine's threads; torch's default
-    of a thread per core beside the training process oversubscribed a 16-core H100 machine."""
+    of a thread per core beside the training process's own oversubscribes the machine."""
     assert list(SubprocessLoader(TorchThreads())) == [1]
     assert list(SubprocessLoader(TorchThreads(), context="spawn", preload=())) == [1]  # torch imported by the recipe
 

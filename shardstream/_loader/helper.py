@@ -90,10 +90,8 @@ def helper_main(conn: Any, recipe: bytes, options: HelperOptions) -> None:
 def _one_torch_thread() -> None:
     """torch ops in the helper run on one intra-op thread, as in a DataLoader worker: the helper's
     parallelism is its engine's threads, and torch's default (one thread per core) beside the
-    training process's own oversubscribes the machine. On a 16-core H100 machine, the parent's
-    16-thread copy of a 19 MB batch took 120 ms of CPU time (22 ms with no helper running)
-    while the helper's threads spun, and the prefetcher over SubprocessLoader ran at a third of
-    its in-process speed. Called again once the recipe is loaded, if that imported torch."""
+    training process's own oversubscribes the machine. Called again once the recipe is loaded,
+    if that imported torch."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
