@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Callable, List, Optional
 
-from ._base.errors import ShardStreamError
+from ._base.errors import OptionError, ShardStreamError
 from ._base.redact import redact
 
 __all__ = ["build_parser", "main"]
@@ -52,6 +52,25 @@ an image folder). Same input, seed and options: byte-identical shards, whatever 
 }
 
 
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `least` (else argparse's usage error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE, COUNT = _count(1), _count(0)
+
+
 def _cmd(module: str, name: str) -> Callable:
     """The command function, imported when it runs (so --help stays fast)."""
 
@@ -82,20 +101,20 @@ def _add_create(sub) -> None:
                    help="what SRC is (default: told from SRC)")
     p.add_argument("--pattern", default="shard-%06d.tar", help="shard file names (default shard-%%06d.tar; "
                    ".tar.gz/.tar.bz2/.tar.xz compress)")
-    p.add_argument("--maxcount", type=int, default=10000, help="samples per shard at most (default 10000)")
+    p.add_argument("--maxcount", type=POSITIVE, default=10000, help="samples per shard at most (default 10000)")
     p.add_argument("--maxsize", type=float, default=None, help="input bytes per shard, after which a new one starts")
     p.add_argument("--seed", type=int, default=None, help="shuffle samples with this seed (default: input order)")
-    p.add_argument("--max-side", type=int, default=None, help="downscale images whose longer side is larger; JPEG")
+    p.add_argument("--max-side", type=POSITIVE, default=None, help="downscale images whose longer side is larger; JPEG")
     p.add_argument("--quality", type=int, default=None, help="re-encode every image as JPEG at this quality "
                    "(with --max-side alone: 90, and only the downscaled ones)")
-    p.add_argument("--workers", type=int, default=None, help="processes (local engine; default: cores, at most one "
+    p.add_argument("--workers", type=POSITIVE, default=None, help="processes (local engine; default: cores, at most one "
                    "per shard) or CPUs of the local Ray (Ray engine)")
-    p.add_argument("--threads", type=int, default=4, help="threads per worker reading and re-encoding (default 4)")
+    p.add_argument("--threads", type=POSITIVE, default=4, help="threads per worker reading and re-encoding (default 4)")
     p.add_argument("--engine", default="local", choices=("local", "ray"), help="local processes or Ray Data tasks")
     p.add_argument("--ray-address", default=None, help="Ray cluster to join ('auto', 'ray://head:10001'); "
                    "default: a local Ray started for the job")
-    p.add_argument("--rank", type=int, default=0, help="write only this part of the shards (partitioning by hand)")
-    p.add_argument("--world-size", type=int, default=1, help="how many parts (--rank 0..N-1)")
+    p.add_argument("--rank", type=COUNT, default=0, help="write only this part of the shards (partitioning by hand)")
+    p.add_argument("--world-size", type=POSITIVE, default=1, help="how many parts (--rank 0..N-1)")
     p.add_argument("--skip-errors", action="store_true", help="leave out samples that fail to download or decode")
     p.add_argument("--overwrite", action="store_true", help="replace shards and sizes.json already in DEST")
     p.add_argument("--rekey", action="store_true", help="number the samples (000000000, ...) instead of keeping keys")
@@ -118,18 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "ls", "list samples: shard, key, fields and their sizes", "inspect", "cmd_ls")
     p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
-    p.add_argument("-n", type=int, default=None, help="at most this many samples")
+    p.add_argument("-n", type=COUNT, default=None, help="at most this many samples")
     p.add_argument("--json", action="store_true", help="one JSON object per sample")
 
     p = _add(sub, "inspect", "print the first samples (field sizes) as JSON", "inspect", "cmd_inspect")
     p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
-    p.add_argument("-n", type=int, default=5, help="how many samples (default 5)")
+    p.add_argument("-n", type=COUNT, default=5, help="how many samples (default 5)")
 
     p = _add(sub, "stats", "totals, fields, image sizes, samples per shard", "stats", "cmd_stats")
     p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument("--no-images", action="store_true", help="skip the image-size histogram")
-    p.add_argument("--threads", type=int, default=4, help="shards read at once (default 4)")
+    p.add_argument("--threads", type=POSITIVE, default=4, help="shards read at once (default 4)")
 
     p = _add(sub, "verify", "read every shard as the loader does; decode images; report problems with offsets",
              "verify", "cmd_verify")
@@ -137,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="a line per good shard too")
     p.add_argument("--require", default=None, help="fields every sample needs: 'jpg,txt'; 'jpg;png' means either")
     p.add_argument("--no-decode", action="store_true", help="do not decode images")
-    p.add_argument("--threads", type=int, default=4, help="shards checked at once (default 4)")
+    p.add_argument("--threads", type=POSITIVE, default=4, help="shards checked at once (default 4)")
 
     p = _add(sub, "index", "write .idx (offsets), .dali.idx (DALI v1.2) and sizes.json (counts)", "index", "cmd_index")
     p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
@@ -145,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=None, help="path of sizes.json (default: beside the shards, or in --out)")
     p.add_argument("--no-idx", action="store_true", help="only write sizes.json")
     p.add_argument("--no-dali", action="store_true", help="no .dali.idx files")
-    p.add_argument("--threads", type=int, default=4, help="shards read at once (default 4)")
+    p.add_argument("--threads", type=POSITIVE, default=4, help="shards read at once (default 4)")
 
     p = _add(sub, "extract", "extract a shard's members into a directory (safely)", "extract", "cmd_extract")
     p.add_argument("url")
@@ -156,14 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("urls", help="shard spec (braces, '::') or a directory of shards")
     p.add_argument("--decode", nargs="?", const="rgb8", default=None,
                    help="decode images (a decode spec; default rgb8: numpy uint8 HWC)")
-    p.add_argument("--threads", type=int, default=None, help="engine threads (default: the engine's)")
-    p.add_argument("--limit", type=int, default=None, help="stop after this many samples")
+    p.add_argument("--threads", type=POSITIVE, default=None, help="engine threads (default: the engine's)")
+    p.add_argument("--limit", type=COUNT, default=None, help="stop after this many samples")
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = _add(sub, "prepare", "the old name of `create --input files` (SOURCE PATTERN)", "create", "cmd_prepare")
     p.add_argument("source")
     p.add_argument("pattern", help="output pattern, e.g. out/train-%%06d.tar")
-    p.add_argument("--maxcount", type=int, default=10000)
+    p.add_argument("--maxcount", type=POSITIVE, default=10000)
     p.add_argument("--maxsize", type=float, default=3e9)
     return parser
 
@@ -172,6 +191,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except OptionError as exn:  # found past argparse (--pattern, --decode, ...): still a command-line mistake
+        print(f"error: {redact(exn)}", file=sys.stderr)
+        return 2
     except (ShardStreamError, OSError) as exn:
         print(f"error: {redact(exn)}", file=sys.stderr)
         return 1

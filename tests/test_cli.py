@@ -143,7 +143,28 @@ def test_index_says_so_when_the_sizes_file_it_would_merge_into_is_broken(shardse
 
 
 def test_bench_refuses_an_unknown_decode_spec_and_honours_limit_zero(shardset, capsys):
-    assert main(["bench", shardset[0], "--decode", "bogus"]) == 1
+    assert main(["bench", shardset[0], "--decode", "bogus"]) == 2  # a command-line mistake
     assert "--decode 'bogus'" in capsys.readouterr().err
     assert main(["bench", shardset[0], "--limit", "0", "--json", "-q"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["samples"] == 0
+
+
+def test_option_mistakes_exit_2(shardset, tmp_path, capsys):
+    """The exit code --help states for a command-line mistake, 2, whether argparse or a later check
+    finds it (a failure of the work stays 1: the verify and extract tests above)."""
+    shard, dest = shardset[0], str(tmp_path / "out")
+    for argv in (["verify", shard, "--threads", "0"], ["ls", shard, "-n", "-1"], ["bench", shard, "--limit", "-3"],
+                 ["create", shard, dest, "--maxcount", "0"], ["create", shard, dest, "--workers", "two"],
+                 ["inspect", shard, "-n", "-2"], ["create", shard, dest, "--rank", "-1"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert "must be at least" in err or "not an integer" in err, err
+    for argv, why in ((["create", shard, dest, "--quality", "101"], "--quality"),
+                      (["create", shard, dest, "--pattern", "same.tar"], "%-number"),
+                      (["create", shard, dest, "--rank", "2", "--world-size", "2"], "--rank"),
+                      (["create", shard, dest, "--ray-address", "auto"], "--engine ray")):
+        assert main(argv) == 2, argv
+        assert why in capsys.readouterr().err
+    assert not os.path.exists(dest) or os.listdir(dest) == []

@@ -381,7 +381,7 @@ def test_nothing_is_written_outside_dest(folder, tmp_path):
     assert code == 0, err
     for pattern in ("../escape-%d.tar", ".hidden-%d.tar", "sub/x-%d.tar", "same.tar", "x-%d.zip"):
         code, _, err = cli("create", folder, "other", "--pattern", pattern, cwd=work)
-        assert code == 1 and err.startswith("error: --pattern"), (pattern, err)
+        assert code == 2 and err.startswith("error: --pattern"), (pattern, err)
     assert sorted(os.listdir(work)) == ["out"] and not (tmp_path / "escape-0.tar").exists()
 
 
@@ -427,7 +427,7 @@ def test_index_of_remote_shards_into_out(created, tmp_path):
         served.options.require_token = TOKEN
         spec = served.url("shard-{000000..000003}.tar", token=TOKEN).replace("%7B", "{").replace("%7D", "}")
         code, out, err = cli("index", spec, cwd=tmp_path)
-        assert code == 1 and "--out" in err and not os.listdir(tmp_path)
+        assert code == 2 and "--out" in err and not os.listdir(tmp_path)  # a command-line mistake
         code, out, err = cli("index", spec, "--out", tmp_path / "idx", cwd=tmp_path)
     assert code == 0, err
     assert TOKEN not in out + err and "token=***" in out

@@ -16,6 +16,7 @@ __all__ = [
     "FetchTimeout",
     "FormatError",
     "NetworkError",
+    "OptionError",
     "ShardNotFound",
     "ShardStreamError",
     "UsageError",
@@ -99,6 +100,11 @@ class FormatError(ShardStreamError, ValueError):
 
 class UsageError(ShardStreamError, ValueError):
     """The caller asked for something that is not allowed or not configured (e.g. `pipe:` URLs)."""
+
+
+class OptionError(UsageError):
+    """An option's value is not allowed (`--maxcount 0`): on the command line a mistake there,
+    which exits with 2 as argparse's own do, not a failure of the work (1)."""
 
 
 class FetchError(ShardStreamError, OSError):

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from .._base.errors import UsageError
+from .._base.errors import OptionError
 from .._shard.counts import cheap_counts
 from ._common import bar, say, shard_urls
 
@@ -23,7 +23,7 @@ def cmd_bench(args) -> int:
         try:
             dataset = dataset.decode(args.decode)
         except ValueError as exn:  # an unknown image spec
-            raise UsageError(f"--decode {args.decode!r}: {exn}") from None
+            raise OptionError(f"--decode {args.decode!r}: {exn}") from None
     if args.threads:
         dataset = dataset.with_engine(threads=args.threads)
     known = cheap_counts(urls)

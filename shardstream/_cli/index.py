@@ -8,7 +8,7 @@ import json
 import os
 from typing import Dict, List, Optional, Tuple
 
-from .._base.errors import UsageError
+from .._base.errors import OptionError, UsageError
 from .._fetch.open import local_path_of
 from .._prep._dest import Destination
 from .._prep._indexes import dali_text, idx_text, scan_indexes
@@ -44,7 +44,7 @@ def _sizes_target(args, urls: List[str], paths: List[Optional[str]]) -> Tuple[De
         return Destination(args.out), "sizes.json"
     directories = {os.path.dirname(path) for path in paths if path is not None}
     if None in paths or len(directories) != 1:
-        raise UsageError(
+        raise OptionError(
             "the shards are not all in one local directory: say where to write sizes.json with --sizes PATH, "
             "or where to write every index with --out DIR"
         )

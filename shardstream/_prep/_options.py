@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from .._base.errors import UsageError
+from .._base.errors import OptionError, UsageError
 from .._fetch.listing import SHARD_SUFFIXES
 
 __all__ = ["CreateOptions", "Reencode"]
@@ -66,32 +66,32 @@ class CreateOptions:
 
     def __post_init__(self) -> None:
         if self.input not in INPUTS:
-            raise UsageError(f"--input must be one of {', '.join(INPUTS)}, not {self.input!r}")
+            raise OptionError(f"--input must be one of {', '.join(INPUTS)}, not {self.input!r}")
         if self.engine not in ENGINES:
-            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+            raise OptionError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.maxcount < 1:
-            raise UsageError("--maxcount must be at least 1")
+            raise OptionError("--maxcount must be at least 1")
         if self.maxsize is not None and self.maxsize <= 0:
-            raise UsageError("--maxsize must be positive")
+            raise OptionError("--maxsize must be positive")
         if self.max_side is not None and self.max_side < 1:
-            raise UsageError("--max-side must be at least 1")
+            raise OptionError("--max-side must be at least 1")
         if self.quality is not None and not 1 <= self.quality <= 100:
-            raise UsageError("--quality must be between 1 and 100")
+            raise OptionError("--quality must be between 1 and 100")
         if self.workers is not None and self.workers < 1:
-            raise UsageError("--workers must be at least 1")
+            raise OptionError("--workers must be at least 1")
         if self.threads < 1:
-            raise UsageError("--threads must be at least 1")
+            raise OptionError("--threads must be at least 1")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise UsageError(f"--rank must be in [0, --world-size); got rank {self.rank} of {self.world_size}")
+            raise OptionError(f"--rank must be in [0, --world-size); got rank {self.rank} of {self.world_size}")
         if self.world_size > 1 and self.engine == "ray":
-            raise UsageError("--rank/--world-size partition by hand, the Ray engine partitions itself: not both")
+            raise OptionError("--rank/--world-size partition by hand, the Ray engine partitions itself: not both")
         if self.world_size > 1 and self.skip_errors:
-            raise UsageError(
+            raise OptionError(
                 "--skip-errors with --world-size > 1: rank 0 writes sizes.json from the planned counts, which "
                 "skipped samples would make wrong; fix or drop the failing rows, or use one machine or --engine ray"
             )
         if self.ray_address is not None and self.engine != "ray":
-            raise UsageError("--ray-address needs --engine ray")
+            raise OptionError("--ray-address needs --engine ray")
         check_pattern(self.pattern)
         if self.mtime is None:
             object.__setattr__(self, "mtime", _source_date_epoch())
@@ -107,15 +107,15 @@ def check_pattern(pattern: str) -> None:
     """A shard name pattern must name files inside DEST, one per shard number.
 
     Raises:
-        UsageError: no %-number in it, a path separator, a leading dot, an unknown suffix.
+        OptionError: no %-number in it, a path separator, a leading dot, an unknown suffix.
     """
     try:
         first, second = pattern % 0, pattern % 1
     except (TypeError, ValueError):
-        raise UsageError(f"--pattern {pattern!r} needs one %-number, e.g. train-%06d.tar") from None
+        raise OptionError(f"--pattern {pattern!r} needs one %-number, e.g. train-%06d.tar") from None
     if first == second:
-        raise UsageError(f"--pattern {pattern!r} gives every shard the same name")
+        raise OptionError(f"--pattern {pattern!r} gives every shard the same name")
     if "/" in first or "\\" in first or first.startswith(".") or first in ("", "sizes.json"):
-        raise UsageError(f"--pattern {pattern!r}: shard names are file names inside DEST (no '/', no leading '.')")
+        raise OptionError(f"--pattern {pattern!r}: shard names are file names inside DEST (no '/', no leading '.')")
     if not first.endswith(SHARD_SUFFIXES):
-        raise UsageError(f"--pattern {pattern!r} must end in one of {', '.join(SHARD_SUFFIXES)}")
+        raise OptionError(f"--pattern {pattern!r} must end in one of {', '.join(SHARD_SUFFIXES)}")
