@@ -168,3 +168,25 @@ def test_option_mistakes_exit_2(shardset, tmp_path, capsys):
         assert main(argv) == 2, argv
         assert why in capsys.readouterr().err
     assert not os.path.exists(dest) or os.listdir(dest) == []
+
+
+def test_extract_says_which_links_it_leaves_out(tmp_path, capsys):
+    """A shard's links and special files are not extracted (no link is ever made or followed), and
+    the command names each one, where it used to pass over them without a word."""
+    shard = tmp_path / "links.tar"
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, kind, target in (("s0.txt", tarfile.REGTYPE, ""), ("s0.cls", tarfile.SYMTYPE, "/etc/passwd"),
+                                   ("s1.txt", tarfile.LNKTYPE, "s0.txt"), ("fifo", tarfile.FIFOTYPE, "")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            info.size = 2 if kind == tarfile.REGTYPE else 0
+            tar.addfile(info, io.BytesIO(b"hi") if kind == tarfile.REGTYPE else None)
+    with tarfile.open(shard) as tar:
+        offsets = {m.name: m.offset for m in tar.getmembers()}
+    dest = tmp_path / "out"
+    assert main(["extract", str(shard), str(dest)]) == 0
+    captured = capsys.readouterr()
+    assert sorted(os.listdir(dest)) == ["s0.txt"]
+    assert "left out 3 links or special files" in captured.out
+    for name, kind in (("s0.cls", "symbolic link"), ("s1.txt", "hard link"), ("fifo", "FIFO")):
+        assert f"left out {name!r}: a {kind} (offset {offsets[name]})" in captured.err

@@ -24,7 +24,13 @@ def safe_target(root: str, name: str) -> str:
 def cmd_extract(args) -> int:
     os.makedirs(args.dest, exist_ok=True)
     count = 0
-    for name, data, offset in iter_members(open_origin(args.url), args.url):
+    left_out = []
+
+    def other(name: str, kind: str, offset: int) -> None:  # links are never followed or made
+        left_out.append(name)
+        say(f"left out {name!r}: a {kind} (offset {offset}), not a file", err=True)
+
+    for name, data, offset in iter_members(open_origin(args.url), args.url, others=other):
         if "\0" in name:
             shown = name.replace("\0", "\\0")
             raise UsageError("member name holds a NUL byte", url=args.url, member=shown, offset=offset)
@@ -36,5 +42,6 @@ def cmd_extract(args) -> int:
         except OSError as exn:  # e.g. a file "a" and then "a/b.txt"
             raise UsageError(f"cannot extract: {exn.strerror}", url=args.url, member=name, offset=offset) from exn
         count += 1
-    say(f"extracted {count} members to {args.dest}")
+    more = f"; left out {len(left_out)} links or special files" if left_out else ""
+    say(f"extracted {count} members to {args.dest}{more}")
     return 0

@@ -31,9 +31,12 @@ WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members h
 _PAGE = mmap.PAGESIZE
 
 
-def iter_members(chunks: Iterable[bytes], url: Optional[str] = None) -> Iterator[TarMember]:
-    """The regular members of a shard given as byte chunks (raises FormatError)."""
-    reader = TarReader(url)
+def iter_members(
+    chunks: Iterable[bytes], url: Optional[str] = None, others: Optional[Callable[[str, str, int], None]] = None,
+) -> Iterator[TarMember]:
+    """The regular members of a shard given as byte chunks (raises FormatError); `others` hears
+    of its links, devices and FIFOs (see TarReader)."""
+    reader = TarReader(url, others=others)
     for chunk in chunks:
         yield from reader.feed(chunk)
     yield from reader.close()

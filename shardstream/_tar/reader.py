@@ -19,7 +19,7 @@ modules, each part would need the others' private state. Header field parsing is
 from __future__ import annotations
 
 import zlib
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from .._base.errors import FormatError
 from .codecs import GzipInflater, sniff
@@ -33,6 +33,8 @@ _REGULAR = (b"0", b"\0", b"7")  # tarfile.REGULAR_TYPES minus GNU sparse, which 
 # Types tarfile knows; their size field is ignored for non-regular ones (no data is skipped).
 # Unknown types are skipped *with* their data, as tarfile does.
 _SUPPORTED = (b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"L", b"K", b"S")
+_NOT_FILES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device",
+              b"6": "FIFO"}  # what `others` hears of (directories are implied by the files' names)
 _GNU_TYPES = (b"L", b"K", b"S")  # the USTAR prefix field means something else in these
 _EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # headers that describe the next member (or all: g)
 _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
@@ -79,15 +81,18 @@ class TarReader:
             with `feed_view` over a memory map, walking a shard reads only its header pages.
         size: the archive's length when known (a local uncompressed file): a header claiming
             more bytes than are left fails at once, instead of buffering the rest of the shard.
+        others: called with (name, kind, offset) for each link, device or FIFO member, which
+            are not handed out (as in webdataset); `extract` says which it left out.
     """
 
     def __init__(
         self, url: Optional[str] = None, *, compressed: Optional[bool] = None, start_offset: int = 0,
-        payloads: bool = True, size: Optional[int] = None,
+        payloads: bool = True, size: Optional[int] = None, others: Optional[Callable[[str, str, int], None]] = None,
     ) -> None:
         if start_offset and compressed:
             raise ValueError("start_offset needs an uncompressed archive")
         self._url = url
+        self._others = others
         self._payloads = payloads
         self._size = size
         self._compressed = False if start_offset else compressed
@@ -441,6 +446,8 @@ class TarReader:
             return self._stall(pos, stop, name, offset)
         if regular:
             out.append(TarMember(name, buf[pos + BLOCK : pos + BLOCK + size] if self._payloads else b"", offset))
+        elif self._others is not None and typ in _NOT_FILES:
+            self._others(name, _NOT_FILES[typ], offset)
         self._ext = self._dangling = None
         return stop
 
