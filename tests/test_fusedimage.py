@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import math
 import os
 import pickle
@@ -87,26 +88,28 @@ def large():  # large enough for 1/4 and 1/8; the last one as noisy as the bench
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIP_PYTHON = os.environ.get("OPENCLIP_PYTHON") or os.path.join(REPO, ".venv-clip", "bin", "python")
 TORCHVISION_EVAL = """
-import sys
+import json, sys
 import numpy as np
 import PIL.Image
 from torchvision import transforms
 image = PIL.Image.fromarray(np.load(sys.argv[1]))
-np.save(sys.argv[2], np.asarray(transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224)])(image)))
+resize, crop = json.loads(sys.argv[3])
+np.save(sys.argv[2], np.asarray(transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop)])(image)))
 """
 
 
-def torchvision_eval(pixels: np.ndarray, tmp_path) -> np.ndarray:
-    """torchvision's own eval transform (Resize(256), CenterCrop(224)) of the RGB `pixels`, run in
-    the venv that has torchvision (`make test` builds it for OpenCLIP; torchvision does not load
-    beside this venv's CPU torch)."""
+def torchvision_eval(pixels: np.ndarray, tmp_path, resize: int = 256, crop=224) -> np.ndarray:
+    """torchvision's own eval transform (Resize(256), CenterCrop(224) unless told) of the RGB
+    `pixels`, run in the venv that has torchvision (`make test` builds it for OpenCLIP;
+    torchvision does not load beside this venv's CPU torch)."""
     if not os.path.exists(CLIP_PYTHON):
         if os.environ.get("OPENCLIP_PYTHON"):
             pytest.fail(f"OPENCLIP_PYTHON={CLIP_PYTHON} does not exist")
         pytest.skip(f"no torchvision venv at {CLIP_PYTHON}: `make test` builds it (or set OPENCLIP_PYTHON)")
     source, result = str(tmp_path / "in.npy"), str(tmp_path / "out.npy")
     np.save(source, pixels)
-    subprocess.run([CLIP_PYTHON, "-c", TORCHVISION_EVAL, source, result], check=True, timeout=120)
+    subprocess.run([CLIP_PYTHON, "-c", TORCHVISION_EVAL, source, result, json.dumps([resize, crop])], check=True,
+                   timeout=120)
     return np.load(result)
 
 
@@ -146,6 +149,30 @@ def test_center_crop_is_resize_then_center_crop(small, backend, resizer, torchvi
     theirs = torchvision_small
     assert ours.shape == theirs.shape == (224, 224, 3) and ours.flags.c_contiguous
     assert np.abs(ours.astype(np.int16) - theirs).max() <= 1
+
+
+@pytest.mark.parametrize("width, height, size", [(375, 500, (200, 320)), (500, 375, (320, 200))])
+def test_a_center_crop_larger_than_the_resized_image_is_padded_as_torchvision_pads(width, height, size, tmp_path):
+    """A non-square crop wider (or taller) than the resized image: torchvision's CenterCrop pads
+    it with zeros, (crop - size) // 2 before; the fused path used to stretch the image instead."""
+    import webdataset
+
+    data = jpeg(photo(width, height, seed=4))
+    pixels = np.asarray(webdataset.imagehandler("pil")(".jpg", data).convert("RGB"))
+    theirs = torchvision_eval(pixels, tmp_path, resize=round(min(size) / 0.875), crop=list(size))
+    band = ~theirs.any(axis=2)  # the padding: zero in every channel
+    band &= band.all(axis=0, keepdims=True) | band.all(axis=1, keepdims=True)  # whole columns or rows
+    assert theirs.shape == (*size, 3) and 40 * min(size) < band.sum() < theirs.size // 3
+    for backend, resizer in [("pillow", "pillow"), ("pillow", "torch")] + [("simplejpeg", "torch")] * HAVE_SIMPLEJPEG:
+        ours = wds.imagehandler("rgb8", size=size, crop="center", backend=backend, resizer=resizer)(".jpg", data)
+        assert ours.shape == theirs.shape and ours.flags.c_contiguous
+        assert np.abs(ours.astype(np.int16) - theirs).max() <= 2, (backend, resizer)
+        grey = wds.imagehandler("l8", size=size, crop="center", backend=backend, resizer=resizer)(".jpg", data)
+        assert grey.shape == size and not grey[band].any() and grey[~band].mean() > 20
+    tensor = wds.imagehandler("torchrgb8", size=size, crop="center")(".jpg", data)
+    assert tuple(tensor.shape) == (3, *size) and np.abs(tensor.permute(1, 2, 0).numpy().astype(np.int16) - theirs).max() <= 2
+    image = wds.imagehandler("pil", size=size, crop="center")(".jpg", data)
+    assert image.size == size[::-1] and np.abs(np.asarray(image).astype(np.int16) - theirs).max() <= 2
 
 
 @pytest.mark.parametrize("size", [224, (200, 240)])

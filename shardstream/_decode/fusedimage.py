@@ -50,21 +50,38 @@ _JPEG_SOI = b"\xff\xd8\xff"
 _CONVERT_AFTER = {("L", "RGB"), ("L", "RGBA"), ("RGB", "RGBA"), ("L", "L"), ("RGB", "RGB")}
 
 
+def _center_resized(width: int, height: int, out_h: int, out_w: int, fraction: float) -> Tuple[int, int]:
+    """The (width, height) of torchvision's `Resize(S)` that precedes the center crop."""
+    short = round(min(out_h, out_w) / fraction)
+    if width <= height:
+        return short, int(short * height / width)
+    return int(short * width / height), short
+
+
 def center_box(width: int, height: int, out_h: int, out_w: int, fraction: float) -> Box:
     """The source box of torchvision's `Resize(S)` + `CenterCrop((out_h, out_w))`.
 
-    S = round(min(out_h, out_w) / fraction): fraction 0.875 with 224 is Resize(256). The box is
-    clamped to the image where the crop would overhang it (torchvision pads there instead).
+    S = round(min(out_h, out_w) / fraction): fraction 0.875 with 224 is Resize(256). Where the crop
+    overhangs the resized image (a non-square crop wider or taller than it), the box is the whole
+    image on that axis, and `center_padding` says where it lands in the zero-padded output, as
+    torchvision's CenterCrop pads.
     """
-    short = round(min(out_h, out_w) / fraction)
-    if width <= height:
-        new_w, new_h = short, int(short * height / width)
-    else:
-        new_w, new_h = int(short * width / height), short
+    new_w, new_h = _center_resized(width, height, out_h, out_w, fraction)
     top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))
     sx, sy = width / new_w, height / new_h
     return (max(0.0, left * sx), max(0.0, top * sy), min(float(width), (left + out_w) * sx),
             min(float(height), (top + out_h) * sy))
+
+
+def center_padding(width: int, height: int, out_h: int, out_w: int,
+                   fraction: float) -> Optional[Tuple[Tuple[int, int], Tuple[int, int]]]:
+    """Where the crop overhangs the resized image: (the size the box resizes to, its (left, top)
+    in the zero output), as torchvision's CenterCrop pads ((crop - size) // 2 before); else None."""
+    new_w, new_h = _center_resized(width, height, out_h, out_w, fraction)
+    if out_w <= new_w and out_h <= new_h:
+        return None
+    inner = (min(out_w, new_w), min(out_h, new_h))
+    return inner, ((out_w - new_w) // 2 if out_w > new_w else 0, (out_h - new_h) // 2 if out_h > new_h else 0)
 
 
 def random_box(width: int, height: int, scale: Tuple[float, float], ratio: Tuple[float, float],
@@ -229,7 +246,8 @@ class FusedImageHandler(FieldHandler):
         return self.decode(data)
 
     def geometry(self, width: int, height: int) -> Tuple[Box, Tuple[int, int]]:
-        """The source box and the output (width, height) for an image of that size."""
+        """The source box and the output (width, height) for an image of that size (a center crop
+        that overhangs the image: see `center_padding`)."""
         if self.crop is None:
             out_h, out_w = resize_box(width, height, self.size)
             return (0.0, 0.0, float(width), float(height)), (out_w, out_h)
@@ -248,7 +266,13 @@ class FusedImageHandler(FieldHandler):
             decoded = self._decode_simplejpeg(data, target)
         if decoded is None:
             decoded = self._decode_pillow(data, target)
-        image = self._resample(*decoded, target, chw=atype == "torch")
+        source, box, factor, out, padding = decoded
+        if padding is not None:  # the box resizes to the part of the output inside the image
+            inner, corner = padding
+            image = self._resample(source, box, factor, inner, target)
+            image = _padded(image if isinstance(image, np.ndarray) else np.asarray(image.convert(target)), out, corner)
+        else:
+            image = self._resample(source, box, factor, out, target, chw=atype == "torch")
         if isinstance(image, np.ndarray):  # torch's: an HWC view, over CHW memory for torch specs
             if atype != "torch":
                 image = np.ascontiguousarray(image)  # a center crop's rows cut out of a wider resize
@@ -277,22 +301,28 @@ class FusedImageHandler(FieldHandler):
             source = source.convert(target)  # as the plain path does: convert, then resize
         return source.resize(out, self.resample, box=box, reducing_gap=self.reducing_gap)
 
-    def _decode_pillow(self, data: bytes, target: str) -> Tuple[Any, Box, float, Tuple[int, int]]:
+    def _padding(self, width: int, height: int, out: Tuple[int, int]) -> Any:
+        if self.crop != "center":
+            return None
+        return center_padding(width, height, out[1], out[0], self.crop_fraction)
+
+    def _decode_pillow(self, data: bytes, target: str) -> Tuple[Any, Box, float, Tuple[int, int], Any]:
         with io.BytesIO(data) as stream:
             image = _pil().open(stream)
             width, height = image.size
             box, out = self.geometry(width, height)
             reduction = 1
             if image.format == "JPEG":
-                reduction = _reduction(box, out)
+                padding = self._padding(width, height, out)
+                reduction = _reduction(box, out if padding is None else padding[0])
                 wanted = (max(1, width // reduction), max(1, height // reduction))
                 drafted = image.draft("L" if target == "L" else "RGB", wanted)
                 if drafted is not None:
                     reduction = round(width / drafted[1][2])  # draft's box: the size over its scale
             image.load()
-        return image, box, 1.0 / reduction, out
+        return image, box, 1.0 / reduction, out, self._padding(width, height, out)
 
-    def _decode_simplejpeg(self, data: bytes, target: str) -> Optional[Tuple[Any, Box, float, Tuple[int, int]]]:
+    def _decode_simplejpeg(self, data: bytes, target: str) -> Optional[Tuple[Any, Box, float, Tuple[int, int], Any]]:
         jpeg = self._jpeg
         try:
             height, width, colorspace, _ = jpeg.decode_jpeg_header(data)
@@ -301,15 +331,24 @@ class FusedImageHandler(FieldHandler):
         if colorspace not in ("Gray", "YCbCr"):
             return None  # CMYK/YCCK/RGB JPEGs: Pillow's conversions are the reference
         box, out = self.geometry(width, height)
+        padding = self._padding(width, height, out)
         # Only 1/2, 1/4, 1/8: libjpeg-turbo's 5/8 decodes as slowly as full size and 6/8, 7/8
         # slower (500x375: 1.18, 1.35, 1.53 ms against 1.21), more than a smaller resize saves.
-        reduction = _reduction(box, out)
+        reduction = _reduction(box, out if padding is None else padding[0])
         try:
             pixels = jpeg.decode_jpeg(data, "GRAY" if target == "L" else "RGB",
                                       min_height=-(-height // reduction), min_width=-(-width // reduction))
         except ValueError:
             return None  # truncated or corrupt: Pillow raises (or decodes it) as the plain path does
-        return pixels, box, _jpeg_factor(width, pixels.shape[1]), out
+        return pixels, box, _jpeg_factor(width, pixels.shape[1]), out, padding
+
+
+def _padded(image: np.ndarray, out: Tuple[int, int], corner: Tuple[int, int]) -> np.ndarray:
+    """`image` (HWC, or HW) at `corner` (left, top) of a zero image of size `out` (width, height)."""
+    height, width = image.shape[:2]
+    padded = np.zeros((out[1], out[0]) + image.shape[2:], image.dtype)
+    padded[corner[1]:corner[1] + height, corner[0]:corner[0] + width] = image
+    return padded
 
     def __repr__(self) -> str:
         return (f"imagehandler({self.imagespec!r}, size={self.size!r}, crop={self.crop!r}, "
