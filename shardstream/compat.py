@@ -141,7 +141,7 @@ class WebDataset(DataPipeline, FluidInterface):
     Beyond webdataset's arguments: `allow_pipe` enables `pipe:` URLs for this dataset, and
     `cache_memory_bytes` adds a memory tier (shards up to that size) in front of the disk cache,
     `fetch_options` sets timeouts / retries / buffer sizes for http(s) and s3 shards, and
-    `shards_in_flight` how many remote shards download at once, `weights` (with
+    `shards_in_flight` how many remote shards are opened ahead of the one being read, `weights` (with
     resampled=True) one weight per `::`-separated source of the spec, and `mix` how weighted
     sources are drawn: "exact" (default: each source its exact share of the samples, within one
     shard at every point) or "random" (independent weighted shard draws).

@@ -166,8 +166,10 @@ class TarShardSamples(PipelineStage):
         cache: a ShardCache for remote shards (memory / disk tiers, stream-through); local
             shards are read in place.
         fetch_options: timeouts, retries, chunk and prefetch sizes for http(s) and s3 shards.
-        shards_in_flight: remote shards downloading at once: the next ones start while the
-            current one is parsed (each buffers at most fetch_options.prefetch_bytes ahead).
+        shards_in_flight: remote shards opened ahead of the one being read (so up to this
+            many plus one are open): the next ones start while the current one is parsed (each
+            buffers at most fetch_options.prefetch_bytes ahead; connections and bytes in flight
+            are the part scheduler's, across all of them).
     """
 
     name = "tar_samples"
