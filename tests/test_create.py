@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -359,6 +360,23 @@ def test_reshard_keeps_every_sample(created, tmp_path):
     for shard in shards_of(tmp_path / "sized"):
         payload = sum(len(v) for s in samples_of(shard).values() for v in s.values())
         assert payload < 30000 + biggest
+
+
+def test_reshard_refuses_a_stale_count_instead_of_dropping_samples(created, tmp_path):
+    """The reshard plans from the source's sizes.json: a count one short left the shard's last
+    sample out without a word, and one too long wrote a sample fewer than planned."""
+    source = tmp_path / "source"
+    shutil.copytree(created, source)
+    sizes = json.loads((source / "sizes.json").read_text())
+    name = sorted(sizes)[1]
+    for wrong, why in ((sizes[name] - 1, "more than the"), (sizes[name] + 1, "ends after")):
+        (source / "sizes.json").write_text(json.dumps({**sizes, name: wrong}))
+        for seed in ((), ("--seed", 2)):
+            code, _, err = cli("create", source, tmp_path / f"re-{wrong}-{len(seed)}", "--maxcount", 5, *seed)
+            assert code == 1 and why in err and name in err, err
+    (source / "sizes.json").write_text(json.dumps(sizes))
+    code, _, err = cli("create", source, tmp_path / "re", "--maxcount", 5, "--seed", 2)
+    assert code == 0, err
 
 
 def test_hand_partitioning_writes_what_one_run_writes(folder, created, tmp_path):

@@ -100,7 +100,8 @@ def create_shards(opts: CreateOptions) -> CreateSummary:
                              stale=writes_sizes)
     workers = opts.workers or max(1, min(os.cpu_count() or 1, len(mine)))
     ctx = WriteContext(
-        dest, tuple(listing.shard_urls), opts.reencode, opts.threads, opts.skip_errors, opts.mtime or 0, opts.dali_index
+        dest, tuple(listing.shard_urls), opts.reencode, opts.threads, opts.skip_errors, opts.mtime or 0, opts.dali_index,
+        tuple(listing.shard_counts),
     )
     summary = CreateSummary(dest.url, opts.engine, workers, list_s=time.perf_counter() - started)
     results: List[ShardResult] = []

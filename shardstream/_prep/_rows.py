@@ -37,6 +37,7 @@ class Listing:
     rows: List[Row]
     classes: Optional[Dict[str, int]] = None
     shard_urls: List[str] = field(default_factory=list)
+    shard_counts: List[int] = field(default_factory=list)  # the samples each source shard was counted to hold
 
 
 def safe_key(text: str) -> str:

@@ -44,6 +44,7 @@ class WriteContext:
     skip_errors: bool = False
     mtime: int = 0
     dali: bool = True
+    shard_counts: Tuple[int, ...] = ()  # resharding: the samples each source shard was counted to hold
 
 
 class ShardResult(NamedTuple):
@@ -133,10 +134,26 @@ def _inputs(task: ShardTask, ctx: WriteContext) -> Iterator[Tuple[Row, Optional[
     for shard, group in groupby(task.rows, key=lambda r: r.origin[0]):  # type: ignore[index]
         rows = {row.origin[1]: row for row in group}  # type: ignore[index]
         first, last = min(rows), max(rows)
-        item = {"url": ctx.shard_urls[shard], "start": first, "stop": last + 1}
+        url = ctx.shard_urls[shard]
+        # A stale count (sizes.json or .idx) must not lose samples without a word: the task with a
+        # shard's last counted sample reads on to its end, and a shard that ends early says so.
+        to_end = bool(ctx.shard_counts) and last == ctx.shard_counts[shard] - 1
+        item = {"url": url, "start": first, "stop": None if to_end else last + 1}
+        number = first - 1
         for number, sample in enumerate(TarShardSamples().run([item]), first):
             if number in rows:
                 yield rows[number], sample
+            elif number > last:
+                raise ShardStreamError(
+                    f"the source shard holds more than the {last + 1} samples its sizes.json or .idx counts "
+                    f"(sample {number}, key {sample.get('__key__')!r}): the count is stale; re-count it with "
+                    "`shardstream index`", url=url,
+                )
+        if number < last:
+            raise ShardStreamError(
+                f"the source shard ends after {number + 1} samples, but its sizes.json or .idx counts at least "
+                f"{last + 1}: the count is stale; re-count it with `shardstream index`", url=url,
+            )
 
 
 def _compressor(stream: Any, name: str, mtime: int) -> Tuple[Any, Any, Optional[str]]:

@@ -186,4 +186,4 @@ def list_shards(source: str, need_sizes: bool = False, progress: bool = False) -
         for s, count in enumerate(counts)
         for i in range(count)  # type: ignore[arg-type]
     ]
-    return Listing("shards", rows, shard_urls=urls)
+    return Listing("shards", rows, shard_urls=urls, shard_counts=list(counts))  # type: ignore[arg-type]
