@@ -175,6 +175,47 @@ def test_segments_the_helper_removes_are_unmapped_here():
     assert len(mapped) == 40
 
 
+def _report_later(array, i, queue):
+    time.sleep(0.5)  # the parent has let go of the item and gone on meanwhile
+    queue.put((i, int(array.min()), int(array.max())))
+
+
+@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
+def test_an_item_a_forked_child_inherited_is_never_written_over():
+    """A child forked while an item lives (an async save of a batch through mp.Process, with the
+    fork start method) maps its segment too: once the parent lets go, the segment is removed, not
+    reused (a helper review saw such a child read a later batch's values)."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    queue, children = fork.Queue(), []
+    for i, (_, array) in enumerate(SubprocessLoader(Sized([1 << 16] * 30), buffer=2)):
+        if i < 3:
+            children.append(fork.Process(target=_report_later, args=(array, i, queue)))
+            children[-1].start()
+        del array
+        time.sleep(0.02)
+    seen = sorted(queue.get(timeout=20) for _ in children)
+    for child in children:
+        child.join(10)
+    assert seen == [(i, i, i) for i in range(3)]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts this process's mappings")
+def test_small_held_items_take_a_page_each_and_recycling_can_be_turned_off():
+    """Held items keep their segments: one page for a small one, as a fresh segment takes. With
+    recycle=False every item gets a fresh segment, unnamed once received."""
+    held = list(SubprocessLoader(Sized([1000] * 50)))
+    prefix = f"/dev/shm/shardstream-{os.getpid()}-"
+    with open("/proc/self/maps") as maps:
+        pages = sum(int(end, 16) - int(start, 16) for start, end in
+                    (line.split()[0].split("-") for line in maps if prefix in line))
+    assert pages == 50 * mmap.PAGESIZE and all(a[0] == i % 251 for i, (_, a) in enumerate(held))
+    for i, array in SubprocessLoader(Sized([1 << 16] * 20), buffer=2, recycle=False):
+        assert type(array.base) is mmap.mmap and array[0] == i % 251  # the mapping of its own segment
+    assert _segments() == []
+
+
 def test_the_helper_runs_torch_on_one_intra_op_thread():
     """As in a DataLoader worker: the helper's parallelism is its engine's threads; torch's default
     of a thread per core beside the training process's own oversubscribes the machine."""

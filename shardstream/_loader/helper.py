@@ -4,8 +4,9 @@ every item to its parent through shared memory.
 One duplex pipe joins the two. Helper to parent: ("start", report) once the pipeline's iterator
 exists, ("item", encoded, report, segments removed) per item, then ("end", report) or ("error", ...). Parent to
 helper: "credit" for each item received (the helper runs at most `buffer` items ahead: bounded
-credits, as in the engine's channels), ("credit", names) when the parent is also done with
-those shared-memory segments (the writer recycles them), and "stop". A report is the pipeline's
+credits, as in the engine's channels), ("credit", names, discards) when the parent is also done
+with those shared-memory segments (the writer recycles `names` and removes `discards`, which a
+child the parent forked may still read), and "stop". A report is the pipeline's
 progress, so the parent's state_dict() describes what it received (see pipeline.DataPipeline._follow).
 
 The helper dies with its parent: a listener thread sees the pipe close (or the parent's pid
@@ -51,6 +52,7 @@ class HelperOptions:
     allow_pipe: bool
     allow_pickle: bool
     preload: Tuple[str, ...] = ()
+    recycle: bool = True
 
 
 def pipeline_of(source: Any) -> Any:
@@ -103,8 +105,11 @@ class _Helper:
         self.options = options
         self.stop = threading.Event()
         self.credits = threading.Semaphore(options.buffer)
-        self.writer = SegmentWriter(options.prefix, pool=options.buffer + 2)
+        # Two free segments are enough to reuse one as the parent lets go of one per item, and
+        # keep /dev/shm near what fresh segments took (buffer + 2 held the pool at twice that).
+        self.writer = SegmentWriter(options.prefix, pool=2 if options.recycle else 0)
         self.segments = threading.Lock()  # held while a segment is made, and by a dying listener
+        self.told_to_stop = False
 
     def run(self, recipe: bytes) -> None:
         threading.Thread(target=self._listen, name="shardstream-helper-listener", daemon=True).start()
@@ -137,6 +142,10 @@ class _Helper:
             self._send_failure(exc)
         # Stay until the parent has taken everything (it says "stop"), or is gone.
         while not self.stop.wait(_LISTEN_S):
+            pass
+        if not self.told_to_stop:  # the parent is gone (a send failed): nobody else removes the segments
+            self._die()
+        with self.segments:  # a dying listener removing segments holds it, and exits the process itself
             pass
 
     def _send(self, message: Any) -> None:
@@ -173,8 +182,10 @@ class _Helper:
                         self.credits.release()
                     elif isinstance(message, tuple) and message[0] == "credit":
                         self.writer.release(message[1])  # before the credit: the next item may reuse them
+                        self.writer.discard(message[2])
                         self.credits.release()
                     elif message == "stop":
+                        self.told_to_stop = True  # the parent removes the segments it knows
                         break
                 elif not _alive(parent):
                     self._die()
@@ -186,9 +197,12 @@ class _Helper:
         deadline.start()
 
     def _die(self) -> None:
-        """Remove the segments the parent never took, and exit now (no cleanup can hang)."""
+        """Remove the segments the parent never took and those kept for reuse, and exit now (no
+        cleanup can hang). The lock first, `stop` after: set first, it let the main thread return
+        and the process exit half-way through the removals (a helper review's SIGKILL loop left
+        every pooled segment behind)."""
+        self.segments.acquire(timeout=_STOP_GRACE_S)  # no segment is made meanwhile
         self.stop.set()
-        self.segments.acquire(timeout=_STOP_GRACE_S)
         made = self.writer.sequence
         unlink_segments(self.options.prefix, max(0, made - self.options.buffer - 1), made)
         self.writer.unlink_all()

@@ -41,7 +41,7 @@ import weakref
 from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -125,10 +125,10 @@ def _create(name: str, size: int) -> Tuple[Any, Callable[[], None]]:
 
 
 def _capacity(size: int) -> int:
-    """A recycled segment's size for an object of `size` bytes: room for somewhat larger ones
-    (batches of variable-size images), in 64 KiB steps."""
-    step = 1 << 16
-    return (size + size // 8 + step - 1) // step * step
+    """A recycled segment's size for an object of `size` bytes: whole pages, as a fresh segment
+    takes (room for larger objects would hold /dev/shm beyond what fresh segments took)."""
+    page = mmap.PAGESIZE
+    return max(page, (size + page - 1) // page * page)
 
 
 def recycling() -> bool:
@@ -141,7 +141,8 @@ class SegmentWriter:
 
     With `pool` > 0 (Linux only) segments are recycled: `release(names)` hands back those the
     receiver is done with; up to `pool` of them wait, mapped, for the next objects that fit.
-    `unlink_all()` removes every segment this writer still has a name for.
+    `discard(names)` hands back segments never to reuse (a forked child may still read them):
+    they are removed. `unlink_all()` removes every segment this writer still has a name for.
     """
 
     def __init__(self, prefix: str, pool: int = 0) -> None:
@@ -149,6 +150,7 @@ class SegmentWriter:
         self.sequence = 0  # the number the next segment gets
         self.pool = pool if recycling() else 0
         self.returned: Deque[str] = collections.deque()  # released by the receiver; any thread appends
+        self.discarded: Deque[str] = collections.deque()  # released, not to be reused
         self.free: Dict[str, int] = {}  # name -> capacity, ready for reuse
         self.mapped: Dict[str, Any] = {}  # name -> this side's mapping of a recycled segment
         self.dropped: List[str] = []  # removed since `take_dropped()`: the reader unmaps them
@@ -156,6 +158,10 @@ class SegmentWriter:
     def release(self, names: Iterable[str]) -> None:
         """The receiver is done with these segments (thread-safe)."""
         self.returned.extend(names)
+
+    def discard(self, names: Iterable[str]) -> None:
+        """The receiver is done with these segments, but they must not be written again (thread-safe)."""
+        self.discarded.extend(names)
 
     def encode(self, obj: Any) -> Encoded:
         if "torch" in sys.modules and "torch.multiprocessing" not in sys.modules:
@@ -195,15 +201,19 @@ class SegmentWriter:
             name = self.returned.popleft()
             if name in self.mapped:
                 self.free[name] = len(self.mapped[name])
-        fits = [(capacity, name) for name, capacity in self.free.items() if capacity >= size]
+        while self.discarded:
+            self._drop(self.discarded.popleft())
+        # The smallest free segment that fits, unless it is half as large again: a small object
+        # in a large segment would hold /dev/shm that fresh segments sized to fit would not.
+        fits = [(capacity, name) for name, capacity in self.free.items() if size <= capacity <= size + size // 2]
         if fits:
             name = min(fits)[1]
             del self.free[name]
         else:
             name = self._next_name()
             self.mapped[name] = _create(name, _capacity(size))[0]
-        while len(self.free) > self.pool:  # the smallest free ones go first
-            self._drop(min((capacity, n) for n, capacity in self.free.items())[1])
+        while len(self.free) > self.pool:  # the largest free ones go first
+            self._drop(max((capacity, n) for n, capacity in self.free.items())[1])
         return name, self.mapped[name]
 
     def take_dropped(self) -> List[str]:
@@ -291,7 +301,8 @@ def decode(encoded: Encoded) -> Any:
 class SegmentReader:
     """The receiver's side of a writer that recycles: `decode(encoded)` as above, but the segment
     keeps its name and this side's mapping of it, and `recycle(name)` is called once nothing views
-    the item's part of it any more, from whichever thread drops the last view.
+    the item's part of it any more, from whichever thread drops the last view (`discard(name)`
+    instead if this process forked while an item viewed it: the child may still read it).
 
     Each item's arrays and tensors view one numpy array over the mapping (numpy keeps it as
     their base, torch.from_numpy holds it), whose collection is the signal. Mappings stay for
@@ -303,9 +314,13 @@ class SegmentReader:
     unmapped when its last item goes.
     """
 
-    def __init__(self, recycle: Callable[[str], Any]) -> None:
+    def __init__(self, recycle: Callable[[str], Any], discard: Callable[[str], Any]) -> None:
         self.recycle = recycle
+        self.discard = discard
         self.mappings: Dict[str, Any] = {}
+        self.live: Set[str] = set()  # segments an item here still views
+        self.inherited: Set[str] = set()  # ... at a fork: the child may read them, never reuse them
+        _READERS.add(self)
 
     def decode(self, encoded: Encoded) -> Any:
         name, size, payload = encoded
@@ -317,8 +332,21 @@ class SegmentReader:
         if mapping is None or len(mapping) < size:
             mapping = self.mappings[name] = _map(name, _size_of(name))  # the whole segment: later items may be larger
         memory = np.ndarray((size,), np.uint8, buffer=mapping)
-        weakref.finalize(memory, self.recycle, name).atexit = False
+        self.live.add(name)
+        weakref.finalize(memory, self._done, name).atexit = False
         return _Unpickler(io.BytesIO(payload), memory).load()
+
+    def _done(self, name: str) -> None:
+        """Nothing here views the segment any more (called from any thread)."""
+        self.live.discard(name)
+        if name in self.inherited:
+            self.inherited.discard(name)
+            self.discard(name)
+        else:
+            self.recycle(name)
+
+    def _forking(self) -> None:
+        self.inherited.update(list(self.live))
 
     def forget(self, names: Iterable[str]) -> None:
         for name in names:
@@ -326,6 +354,20 @@ class SegmentReader:
 
     def close(self) -> None:
         self.mappings.clear()
+
+
+_READERS: "weakref.WeakSet[SegmentReader]" = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    """A forked child inherits this process's mappings and the items viewing them (a batch passed
+    to an `mp.Process`, say): their segments are never written again, only removed."""
+    for reader in list(_READERS):
+        reader._forking()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 def _size_of(name: str) -> int:

@@ -33,7 +33,7 @@ from .helper import HelperOptions, Report, helper_main, pipeline_of
 from .._stages.resumable import ResumeTraits
 from .._fetch.open import pipe_allowed
 from .._plan.ranks import pytorch_worker_info
-from .shm import SegmentReader, unlink_segment, unlink_segments
+from .shm import SegmentReader, decode, unlink_segment, unlink_segments
 from .._base.lazytorch import IterableDataset
 
 __all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader"]
@@ -65,6 +65,9 @@ class SubprocessLoader(IterableDataset):
         timeout: seconds to wait for one item before raising (None: wait as long as the helper
             lives; its death is noticed at once either way).
         preload: modules the helper imports first (default: torch, when this process has it).
+        recycle: write later items into the shared-memory segments of items this process has
+            let go of (Linux; see below). False: a fresh segment per item, freed as soon as it
+            is let go of (less /dev/shm at peak when item sizes vary a lot; more CPU time).
 
     Numpy arrays and CPU tensors anywhere in an item arrive as views of one shared-memory
     segment per item (no pickle copy); the rest of the item is pickled. An error in the helper
@@ -75,7 +78,7 @@ class SubprocessLoader(IterableDataset):
 
     def __init__(
         self, dataset: Any, buffer: int = 4, *, context: Optional[str] = None, timeout: Optional[float] = None,
-        preload: Optional[Sequence[str]] = None,
+        preload: Optional[Sequence[str]] = None, recycle: bool = True,
     ) -> None:
         refusal = getattr(type(dataset), "subprocess_refusal", None)  # a loader that must not be wrapped says why
         if refusal:
@@ -93,6 +96,7 @@ class SubprocessLoader(IterableDataset):
         self.context = context
         self.timeout = timeout
         self.preload = tuple(preload) if preload is not None else None
+        self.recycle = bool(recycle)
         self._pipeline = pipeline_of(dataset)
         _context(context)  # a forkserver starts now: its imports overlap the caller's own set-up
 
@@ -160,7 +164,8 @@ class _Link:
         self.next_segment = 0  # segments below this one were received
         self.received: set = set()  # names of the segments received (recycled ones keep their names)
         self.done_with: collections.deque = collections.deque()  # recycled segments nothing here views
-        self.reader = SegmentReader(self.done_with.append)
+        self.not_again: collections.deque = collections.deque()  # ... that a forked child may still read
+        self.reader = SegmentReader(self.done_with.append, self.not_again.append)
         self.closed = False
 
     def receive(self, timeout: Optional[float]) -> Any:
@@ -196,10 +201,11 @@ class _Link:
 
     def credit(self) -> None:
         """One more item may come; with it, the segments this process is done with go back."""
-        done_with = self.done_with
+        done_with, not_again = self.done_with, self.not_again
         names = [done_with.popleft() for _ in range(len(done_with))]
+        discards = [not_again.popleft() for _ in range(len(not_again))]
         try:
-            self.conn.send(("credit", names) if names else "credit")
+            self.conn.send(("credit", names, discards) if names or discards else "credit")
         except OSError:
             pass  # the helper is gone; the next receive says so
 
@@ -249,6 +255,7 @@ class SubprocessIterator:
         options = HelperOptions(
             prefix=prefix, buffer=loader.buffer, parent_pid=os.getpid(), environ=environ,
             engine=engine_defaults(), allow_pipe=pipe_allowed(), allow_pickle=pickle_allowed(), preload=preload,
+            recycle=loader.recycle,
         )
         ctx = _context(loader.context)
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -258,6 +265,7 @@ class SubprocessIterator:
         self._link = _Link(process, parent_conn, prefix, loader.buffer)
         self._finalizer = weakref.finalize(self, self._link.shutdown)
         self._timeout = loader.timeout
+        self._recycle = loader.recycle
         self._pipeline = pipeline
         self._report: Report = None
         self._started = pipeline is None
@@ -282,7 +290,7 @@ class SubprocessIterator:
                     _kind, encoded, report, dropped = message
                     link.reader.forget(dropped)
                     link.taken(encoded[0])
-                    item = link.reader.decode(encoded)
+                    item = link.reader.decode(encoded) if self._recycle else decode(encoded)
                     link.credit()
                     self._note(report)
                     return item
