@@ -161,7 +161,7 @@ def test_the_cli_never_prints_or_writes_secrets(server, tmp_path):
         assert code == 0 and "3 samples" in out
         _assert_no_secret(out)
         code, out = _cli("index", url, cwd=tmp_path)  # remote shards: where would sizes.json go?
-        assert code == 1 and "--sizes" in out and not os.listdir(tmp_path)
+        assert code == 2 and "--sizes" in out and not os.listdir(tmp_path)  # a command-line mistake
         code, out = _cli("index", url, "--sizes", str(tmp_path / "sizes.json"), cwd=tmp_path)
         assert code == 0
         _assert_no_secret(out, (tmp_path / "sizes.json").read_text())
