@@ -163,16 +163,18 @@ def test_segments_the_helper_removes_are_unmapped_here():
     """Batches that keep growing outgrow every free segment: the helper removes the spare ones and
     this process lets go of its mappings of them (else their memory would stay, unnamed)."""
     prefix = f"/dev/shm/shardstream-{os.getpid()}-"
-    mapped = []
-    for i, array in SubprocessLoader(Sized([(i + 1) << 18 for i in range(40)]), buffer=2):
+    mapped, names = [], []
+    it = iter(SubprocessLoader(Sized([(i + 1) << 18 for i in range(40)]), buffer=2))
+    for i, array in it:
         del array
+        names.append(len(it._link.received))  # the names kept to remove at the end: the live ones only
         with open("/proc/self/maps") as maps:
             mapped.append(len({line.split()[-2] if line.endswith("(deleted)\n") else line.split()[-1]
                                for line in maps if prefix in line}))
     # in flight (buffer), the helper's free pool (buffer + 2), the item just taken, and one the
     # helper removed whose name comes with the next item; without letting go: one per item
     assert max(mapped) <= 2 + 4 + 1 + 1, mapped
-    assert len(mapped) == 40
+    assert len(mapped) == 40 and max(names) <= 2 + 4 + 1 + 1, names
 
 
 def _report_later(array, i, queue):
@@ -211,8 +213,10 @@ def test_small_held_items_take_a_page_each_and_recycling_can_be_turned_off():
         pages = sum(int(end, 16) - int(start, 16) for start, end in
                     (line.split()[0].split("-") for line in maps if prefix in line))
     assert pages == 50 * mmap.PAGESIZE and all(a[0] == i % 251 for i, (_, a) in enumerate(held))
-    for i, array in SubprocessLoader(Sized([1 << 16] * 20), buffer=2, recycle=False):
+    it = iter(SubprocessLoader(Sized([1 << 16] * 20), buffer=2, recycle=False))
+    for i, array in it:
         assert type(array.base) is mmap.mmap and array[0] == i % 251  # the mapping of its own segment
+        assert not it._link.received  # unnamed on arrival: nothing to remember per item
     assert _segments() == []
 
 

@@ -194,10 +194,17 @@ class _Link:
         self.shutdown()
         return ShardStreamError(f"SubprocessLoader: the helper process (pid {self.process.pid}) {how} unexpectedly")
 
-    def taken(self, segment: Optional[str]) -> None:
+    def taken(self, segment: Optional[str], kept: bool) -> None:
+        """A segment received; `kept`: it keeps its name here (recycled), else it was unlinked."""
         if segment is not None:
             self.next_segment = max(self.next_segment, int(segment[len(self.prefix):]) + 1)
-            self.received.add(segment)
+            if kept:
+                self.received.add(segment)
+
+    def removed(self, names: Sequence[str]) -> None:
+        """Segments the helper removed: let go of their mappings here."""
+        self.reader.forget(names)
+        self.received.difference_update(names)
 
     def credit(self) -> None:
         """One more item may come; with it, the segments this process is done with go back."""
@@ -288,8 +295,8 @@ class SubprocessIterator:
                 kind = message[0]
                 if kind == "item":
                     _kind, encoded, report, dropped = message
-                    link.reader.forget(dropped)
-                    link.taken(encoded[0])
+                    link.removed(dropped)
+                    link.taken(encoded[0], kept=self._recycle)
                     item = link.reader.decode(encoded) if self._recycle else decode(encoded)
                     link.credit()
                     self._note(report)
