@@ -191,12 +191,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except OptionError as exn:  # found past argparse (--pattern, --decode, ...): still a command-line mistake
-        print(f"error: {redact(exn)}", file=sys.stderr)
-        return 2
     except (ShardStreamError, OSError) as exn:
         print(f"error: {redact(exn)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exn, OptionError) else 1  # one found past argparse is still a command-line mistake
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

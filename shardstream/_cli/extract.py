@@ -23,11 +23,11 @@ def safe_target(root: str, name: str) -> str:
 
 def cmd_extract(args) -> int:
     os.makedirs(args.dest, exist_ok=True)
-    count = 0
-    left_out = []
+    count = left_out = 0
 
     def other(name: str, kind: str, offset: int) -> None:  # links are never followed or made
-        left_out.append(name)
+        nonlocal left_out
+        left_out += 1
         say(f"left out {name!r}: a {kind} (offset {offset}), not a file", err=True)
 
     for name, data, offset in iter_members(open_origin(args.url), args.url, others=other):
@@ -42,6 +42,6 @@ def cmd_extract(args) -> int:
         except OSError as exn:  # e.g. a file "a" and then "a/b.txt"
             raise UsageError(f"cannot extract: {exn.strerror}", url=args.url, member=name, offset=offset) from exn
         count += 1
-    more = f"; left out {len(left_out)} links or special files" if left_out else ""
+    more = f"; left out {left_out} links or special files" if left_out else ""
     say(f"extracted {count} members to {args.dest}{more}")
     return 0

@@ -311,16 +311,16 @@ class FusedImageHandler(FieldHandler):
             image = _pil().open(stream)
             width, height = image.size
             box, out = self.geometry(width, height)
+            padding = self._padding(width, height, out)
             reduction = 1
             if image.format == "JPEG":
-                padding = self._padding(width, height, out)
                 reduction = _reduction(box, out if padding is None else padding[0])
                 wanted = (max(1, width // reduction), max(1, height // reduction))
                 drafted = image.draft("L" if target == "L" else "RGB", wanted)
                 if drafted is not None:
                     reduction = round(width / drafted[1][2])  # draft's box: the size over its scale
             image.load()
-        return image, box, 1.0 / reduction, out, self._padding(width, height, out)
+        return image, box, 1.0 / reduction, out, padding
 
     def _decode_simplejpeg(self, data: bytes, target: str) -> Optional[Tuple[Any, Box, float, Tuple[int, int], Any]]:
         jpeg = self._jpeg

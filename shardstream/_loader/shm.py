@@ -299,7 +299,8 @@ def decode(encoded: Encoded) -> Any:
 
 
 class SegmentReader:
-    """The receiver's side of a writer that recycles: `decode(encoded)` as above, but the segment
+    """The receiver's side of a writer that recycles (so only where `recycling()`): `decode(encoded)`
+    as above, but the segment
     keeps its name and this side's mapping of it, and `recycle(name)` is called once nothing views
     the item's part of it any more, from whichever thread drops the last view (`discard(name)`
     instead if this process forked while an item viewed it: the child may still read it).
@@ -326,8 +327,6 @@ class SegmentReader:
         name, size, payload = encoded
         if name is None:
             return _Unpickler(io.BytesIO(payload), None).load()
-        if not recycling():
-            return decode(encoded)
         mapping = self.mappings.get(name)
         if mapping is None or len(mapping) < size:
             mapping = self.mappings[name] = _map(name, _size_of(name))  # the whole segment: later items may be larger

@@ -33,7 +33,7 @@ from .helper import HelperOptions, Report, helper_main, pipeline_of
 from .._stages.resumable import ResumeTraits
 from .._fetch.open import pipe_allowed
 from .._plan.ranks import pytorch_worker_info
-from .shm import SegmentReader, decode, unlink_segment, unlink_segments
+from .shm import SegmentReader, decode, recycling, unlink_segment, unlink_segments
 from .._base.lazytorch import IterableDataset
 
 __all__ = ["RemoteTraceback", "SubprocessIterator", "SubprocessLoader"]
@@ -262,7 +262,7 @@ class SubprocessIterator:
         options = HelperOptions(
             prefix=prefix, buffer=loader.buffer, parent_pid=os.getpid(), environ=environ,
             engine=engine_defaults(), allow_pipe=pipe_allowed(), allow_pickle=pickle_allowed(), preload=preload,
-            recycle=loader.recycle,
+            recycle=loader.recycle and recycling(),
         )
         ctx = _context(loader.context)
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -272,7 +272,7 @@ class SubprocessIterator:
         self._link = _Link(process, parent_conn, prefix, loader.buffer)
         self._finalizer = weakref.finalize(self, self._link.shutdown)
         self._timeout = loader.timeout
-        self._recycle = loader.recycle
+        self._recycle = options.recycle
         self._pipeline = pipeline
         self._report: Report = None
         self._started = pipeline is None
