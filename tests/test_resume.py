@@ -760,20 +760,22 @@ def test_unseeded_random_stages_warn_on_resume(shardset):
         mixed().load_state_dict(state)
 
 
-@pytest.mark.parametrize("kind", ["dataset", "webloader0", "persistent-workers", "resampled"])
+@pytest.mark.parametrize("kind", ["dataset", "webloader0", "persistent-workers", "persistent-workers-one-node", "resampled"])
 def test_resume_in_a_later_automatic_epoch(monkeypatch, uneven_shards, kind):
     """No set_epoch: each iteration is the next epoch. A checkpoint in epoch 1 resumed by a
     fresh dataset (a new process) continues epoch 1, not epoch 0's order, and epoch 2 follows.
     Persistent DataLoader workers number the epochs in their own copies: the loader counts them
-    for its state."""
+    for its state (on rank 0 of 2 with split_by_node, and alone with single_node_only, the default)."""
+    one_node = kind.endswith("one-node")
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "1" if one_node else "2")
+    splitter = wds.single_node_only if one_node else wds.split_by_node
 
     def build():
         if kind == "resampled":
             return wds.WebDataset(uneven_shards, resampled=True, seed=4, nodesplitter=None).shuffle(8).to_tuple("__key__").with_epoch(30)
-        ds = wds.WebDataset(uneven_shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).shuffle(8).to_tuple("__key__")
-        if kind == "persistent-workers":
+        ds = wds.WebDataset(uneven_shards, shardshuffle=True, seed=3, nodesplitter=splitter).shuffle(8).to_tuple("__key__")
+        if kind.startswith("persistent-workers"):
             return wds.WebLoader(ds.batched(4), batch_size=None, num_workers=2, persistent_workers=True)
         return wds.WebLoader(ds, batch_size=None, num_workers=0) if kind == "webloader0" else ds
 

@@ -106,7 +106,7 @@ class _Helper:
         self.stop = threading.Event()
         self.credits = threading.Semaphore(options.buffer)
         # Two free segments are enough to reuse one as the parent lets go of one per item, and
-        # keep /dev/shm near what fresh segments took (buffer + 2 held the pool at twice that).
+        # keep /dev/shm near what fresh segments took (a pool of buffer + 2 held twice that).
         self.writer = SegmentWriter(options.prefix, pool=2 if options.recycle else 0)
         self.segments = threading.Lock()  # held while a segment is made, and by a dying listener
         self.told_to_stop = False

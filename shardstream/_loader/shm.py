@@ -97,6 +97,18 @@ class _Pickler(ForkingPickler):
         return pid
 
 
+def _fallocate(fd: int, size: int) -> None:
+    """Back the first `size` bytes of segment `fd` now, so that a full /dev/shm says so here and
+    not with SIGBUS at a write."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exn:
+        raise OSError(
+            exn.errno, f"{_DEV_SHM} cannot hold a batch of {size} bytes ({exn.strerror}): give it more room "
+            "(docker run --shm-size=...) or make SubprocessLoader's buffer smaller"
+        ) from None
+
+
 def _create(name: str, size: int) -> Tuple[Any, Callable[[], None]]:
     """A new segment of `size` bytes to write into, and how to let go of it."""
     if os.path.isdir(_DEV_SHM):
@@ -104,13 +116,10 @@ def _create(name: str, size: int) -> Tuple[Any, Callable[[], None]]:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             try:
-                os.posix_fallocate(fd, 0, size)  # a full /dev/shm says so here, not with SIGBUS at a write
-            except OSError as exn:
+                _fallocate(fd, size)
+            except OSError:
                 os.unlink(path)
-                raise OSError(
-                    exn.errno, f"{_DEV_SHM} cannot hold a batch of {size} bytes ({exn.strerror}): give it more room "
-                    "(docker run --shm-size=...) or make SubprocessLoader's buffer smaller"
-                ) from None
+                raise
             memory = mmap.mmap(fd, size)
         finally:
             os.close(fd)
@@ -122,6 +131,21 @@ def _create(name: str, size: int) -> Tuple[Any, Callable[[], None]]:
         # The receiver (or our own cleanup) unlinks it; the resource tracker must not.
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     return shm.buf, shm.close
+
+
+def _resize(name: str, held: int, size: int) -> Any:
+    """Segment `name` (of `held` bytes, nothing viewing it) made `size` bytes, and a new mapping
+    of it. Truncating frees the pages past the new end; growing keeps the pages it has. A
+    reader's mapping made before stays valid over the pages that remain."""
+    fd = os.open(os.path.join(_DEV_SHM, name), os.O_RDWR)
+    try:
+        if size < held:
+            os.ftruncate(fd, size)
+        else:
+            _fallocate(fd, size)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
 
 
 def _capacity(size: int) -> int:
@@ -140,7 +164,8 @@ class SegmentWriter:
     """The sender's side: `encode(obj)` writes its arrays into segment `prefix + n`.
 
     With `pool` > 0 (Linux only) segments are recycled: `release(names)` hands back those the
-    receiver is done with; up to `pool` of them wait, mapped, for the next objects that fit.
+    receiver is done with; up to `pool` of them wait, mapped, for the next objects (resized when
+    they do not fit them).
     `discard(names)` hands back segments never to reuse (a forked child may still read them):
     they are removed. `unlink_all()` removes every segment this writer still has a name for.
     """
@@ -196,25 +221,51 @@ class SegmentWriter:
         return name
 
     def _recycled(self, size: int) -> Tuple[str, Any]:
-        """A segment of at least `size` bytes, recycled where one is free, and this side's mapping."""
+        """A segment for an object of `size` bytes, and this side's mapping of it: a free one where
+        there is one, else a new one. A free segment is taken as it is when it holds the object
+        and is at most half as large again; else the one nearest in size is resized to fit, so
+        that segments in use hold about what fresh ones sized to their objects would (batches
+        of 2-8 MB held /dev/shm at twice that when only a free segment that fit was reused)."""
         while self.returned:
             name = self.returned.popleft()
             if name in self.mapped:
                 self.free[name] = len(self.mapped[name])
         while self.discarded:
             self._drop(self.discarded.popleft())
-        # The smallest free segment that fits, unless it is half as large again: a small object
-        # in a large segment would hold /dev/shm that fresh segments sized to fit would not.
-        fits = [(capacity, name) for name, capacity in self.free.items() if size <= capacity <= size + size // 2]
+        capacity = _capacity(size)
+        chosen: Optional[str] = None
+        if self.free:
+            try:
+                chosen = self._reuse(size, capacity)
+            except OSError:  # /dev/shm is full: the free segments may hold the room this object needs
+                for spare in list(self.free):
+                    self._drop(spare)
+        if chosen is None:
+            chosen = self._new(capacity)
+        while len(self.free) > self.pool:  # the largest free ones go first
+            self._drop(max((held, n) for n, held in self.free.items())[1])
+        return chosen, self.mapped[chosen]
+
+    def _reuse(self, size: int, capacity: int) -> str:
+        most = max(capacity, size + size // 2)
+        fits = [(held, name) for name, held in self.free.items() if size <= held <= most]
         if fits:
             name = min(fits)[1]
             del self.free[name]
-        else:
-            name = self._next_name()
-            self.mapped[name] = _create(name, _capacity(size))[0]
-        while len(self.free) > self.pool:  # the largest free ones go first
-            self._drop(max((capacity, n) for n, capacity in self.free.items())[1])
-        return name, self.mapped[name]
+            return name
+        name = min((abs(held - capacity), name) for name, held in self.free.items())[1]
+        held = self.free.pop(name)
+        try:
+            self.mapped[name] = _resize(name, held, capacity)
+        except OSError:
+            self._drop(name)
+            raise
+        return name
+
+    def _new(self, capacity: int) -> str:
+        name = self._next_name()
+        self.mapped[name] = _create(name, capacity)[0]
+        return name
 
     def take_dropped(self) -> List[str]:
         """The segments removed since the last call (for the reader to unmap)."""
