@@ -24,7 +24,7 @@ from ._cache.shardcache import cache_from_options
 from ._resume.equal_split import EqualSplit
 from ._stages.resumable import declare, traits
 from ._resume.statecheck import STATE_FORMAT, fingerprint
-from ._stages.stream_filters import SeededShuffle, check_batchsize
+from ._stages.stream_filters import SeededShuffle, ShardShuffle, check_batchsize
 from ._loader.subprocess import SubprocessLoader
 from ._base.lazytorch import DataLoader
 from .filters import pipelinefilter
@@ -210,8 +210,8 @@ class WebDataset(DataPipeline, FluidInterface):
         if shardshuffle is not None and not isinstance(nodesplitter, EqualSplit):  # it shuffles itself
             if detshuffle:
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
-            else:
-                self.append(filters.shuffle(shardshuffle, seed=self.seed))
+            else:  # webdataset's order in epoch 0, a new one every epoch (webdataset repeats it)
+                self.append(ShardShuffle(shardshuffle, seed=self.seed))
         self.append(
             TarShardSamples(handler=handler, select_files=select_files, rename_files=rename_files,
                             allow_pipe=allow_pipe, local_paths=True, cache=cache,

@@ -213,3 +213,30 @@ def test_batch_sizes_below_one_are_refused_where_webdataset_crashes_or_misbatche
         build = lambda wds, s: wds.WebDataset(s[4:5], shardshuffle=False).to_tuple("__key__").batched(size)  # noqa: E731
         expected, actual = run(build, shardset)
         assert_same_stream(expected, actual)
+
+
+def _shard_order(dataset) -> list:
+    order = []
+    for (url,) in dataset:
+        if not order or order[-1] != url:
+            order.append(url)
+    return order
+
+
+def test_shard_shuffle_is_webdatasets_in_epoch_0_and_new_every_epoch_after(shardset):
+    """`shardshuffle=N` with the default splitter: webdataset 1.0.2 seeds every pass alike, so its
+    shard order repeats every epoch; here epoch 0 is its order and every later epoch (a later
+    pass, `set_epoch`, a WebLoader's next iteration) draws a new one from (seed, epoch)."""
+    build = lambda wds: wds.WebDataset(shardset, shardshuffle=10, seed=7).to_tuple("__url__")  # noqa: E731
+    theirs = build(webdataset)
+    assert _shard_order(theirs) == _shard_order(theirs)  # webdataset: the same order again
+    ours = build(shardstream)
+    epochs = [_shard_order(ours) for _ in range(4)]
+    assert epochs[0] == _shard_order(theirs)
+    assert all(sorted(order) == sorted(shardset) for order in epochs)
+    assert len({tuple(order) for order in epochs}) == 4, epochs  # 6 shards: 720 orders
+    fresh = build(shardstream)
+    fresh.set_epoch(2)
+    assert _shard_order(fresh) == epochs[2]  # reproducible in another process
+    loader = shardstream.WebLoader(build(shardstream), batch_size=None, num_workers=0)
+    assert [_shard_order(loader) for _ in range(3)] == epochs[:3]

@@ -50,6 +50,22 @@ def test_s3_prefix_and_glob_specs_are_listed(s3_shards):
 
 
 @pytest.mark.timeout(90)
+def test_an_s3_prefix_lists_its_shards_not_the_files_beside_them(s3_shards, s3_admin, shardset):
+    """`shardstream create SRC s3://bucket/train/` writes sizes.json, classes.json and .idx files
+    beside the shards: a prefix reads as its shards, as a local folder does (a glob names its
+    objects itself)."""
+    bucket, _, key = s3_shards[0][5:].partition("/")
+    prefix = key.rsplit("/", 1)[0] + "/"
+    for extra in ("sizes.json", "classes.json", key.rsplit("/", 1)[1] + ".idx", ".hidden.tar", "sub/"):
+        s3_admin.put_object(Bucket=bucket, Key=prefix + extra, Body=b"{}")
+    assert wds.SimpleShardList(f"s3://{bucket}/{prefix}").urls == sorted(s3_shards)
+    assert _keys(wds.WebDataset(f"s3://{bucket}/{prefix}", shardshuffle=False)) == _keys(
+        wds.WebDataset(shardset, shardshuffle=False))
+    assert wds.SimpleShardList(f"s3://{bucket}/{prefix}*.json").urls == [
+        f"s3://{bucket}/{prefix}classes.json", f"s3://{bucket}/{prefix}sizes.json"]
+
+
+@pytest.mark.timeout(90)
 def test_missing_s3_key_is_not_found(s3_shards):
     with pytest.raises(wds.ShardNotFound):
         list(wds.WebDataset([s3_shards[0].replace("shard-000", "nothere")], shardshuffle=False))

@@ -838,6 +838,7 @@ HARNESS = {
     "SampleStage": ["test_resume_direct[decode_map]"],
     "SeededShuffle": ["test_resume_direct[seeded_sample_shuffle]"],
     "detshuffle": ["test_resume_direct[detshuffle]"],
+    "ShardShuffle": ["test_resume_direct[shard_shuffle]", "test_resume_in_a_later_automatic_epoch"],
     "RandomMix": ["test_resume_direct[random_mix]"],
     "ResampledShards": ["test_resampled_with_a_seed_is_reproducible_and_resumable"],
     "_batched": ["test_resume_direct[partial_batches]"],

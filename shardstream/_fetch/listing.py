@@ -1,7 +1,8 @@
 """Shard specs that name many objects at once: globs and prefixes, expanded by listing.
 
-`s3://bucket/prefix/` and `s3://bucket/train-*.tar` are listed with the async S3 client; local
-globs (`/data/train-*.tar`) and folders (`/data/train/`: the shards in it) with the filesystem.
+`s3://bucket/prefix/` (the shards under it) and `s3://bucket/train-*.tar` are listed with the
+async S3 client; local globs (`/data/train-*.tar`) and folders (`/data/train/`: the shards in it)
+with the filesystem.
 Everything else is taken as one URL.
 """
 
@@ -41,7 +42,11 @@ def expand_listings(urls: List[str]) -> List[str]:
             from .loop import run_coroutine
             from .s3 import s3_list
 
-            result.extend(run_coroutine(s3_list(url)).result())
+            keys = run_coroutine(s3_list(url)).result()
+            # A prefix holds what `shardstream create` writes beside the shards (sizes.json,
+            # .idx files): its shards are the objects a folder's listing would keep. A glob
+            # names its objects itself.
+            result.extend(keys if any(c in url[5:] for c in _GLOB) else [k for k in keys if _is_shard_name(k)])
         else:
             path = local_path_of(url) or url
             globbed = any(c in path for c in _GLOB)
@@ -58,5 +63,11 @@ def folder_shards(path: str) -> List[str]:
         raise ShardNotFound(f"cannot list the folder: {exn.strerror}", url=path) from exn
     return [
         os.path.join(path, name) for name in sorted(names)
-        if name.lower().endswith(SHARD_SUFFIXES) and not name.startswith(".") and os.path.isfile(os.path.join(path, name))
+        if _is_shard_name(name) and os.path.isfile(os.path.join(path, name))
     ]
+
+
+def _is_shard_name(path: str) -> bool:
+    """Named like a shard: a `SHARD_SUFFIXES` suffix (any case), not hidden."""
+    name = path.rpartition("/")[2]
+    return name.lower().endswith(SHARD_SUFFIXES) and not name.startswith(".")

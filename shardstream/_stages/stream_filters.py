@@ -28,6 +28,7 @@ from .._base.lazytorch import is_tensor
 __all__ = [
     "Cached",
     "SeededShuffle",
+    "ShardShuffle",
     "combine_values",
     "default_collation_fn",
     "detshuffle",
@@ -98,6 +99,34 @@ class detshuffle(PipelineStage):
         rng = random.Random()
         rng.seed(self.seed + self.epoch)
         return _shuffle(src, self.bufsize, self.initial, rng)
+
+    def __call__(self, src):
+        return self.run(src)
+
+
+class ShardShuffle(PipelineStage):
+    """`WebDataset(shardshuffle=N)`'s shard shuffle: webdataset 1.0.2's order in epoch 0
+    (`shuffle(N, seed=seed)`), then a new order every epoch, seeded by (seed, epoch). webdataset
+    seeds every pass alike, so its shard order repeats every epoch (and `set_epoch` cannot change it)."""
+
+    name = "shuffle"
+    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch)
+
+    def __init__(self, bufsize: int, seed: Any) -> None:
+        self.bufsize = bufsize
+        self.seed = seed
+        self.epoch: Optional[int] = None
+        self.passes = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def run(self, src):
+        epoch = self.epoch if self.epoch is not None else self.passes
+        self.passes += 1
+        # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
+        rng = random.Random(self.seed) if epoch == 0 else random.Random(f"shardstream-shards/{self.seed}/{epoch}")
+        return _shuffle(src, self.bufsize, 100, rng)
 
     def __call__(self, src):
         return self.run(src)
