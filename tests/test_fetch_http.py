@@ -427,3 +427,32 @@ def test_streams_share_the_loop_without_blocking_it(server, files):
         assert get_loop().is_running()
     finally:
         idle.close()
+
+
+def test_a_signed_url_quoted_decoded_in_a_third_party_message_is_redacted():
+    """aiohttp's errors quote the request URL decoded: a presigned URL's X-Amz-Credential (with
+    its %2F as "/") once reached the error's own message, and a password holding "#" was not
+    taken for a password at all. Neither the message, the warning nor the traceback shows them."""
+    import shardstream as wds
+
+    async def handle(request):  # a redirect loop: aiohttp's TooManyRedirects quotes the URL
+        raise web.HTTPFound(str(request.rel_url))
+
+    runner, url = serve_app(handle)
+    try:
+        query = ("?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAZQ9%2F20240101%2Fus-east-1%2Fs3%2F"
+                 "aws4_request&X-Amz-Security-Token=SESSIONZQ9&X-Amz-Signature=SIGZQ9")
+        host = url.split("//", 1)[1]
+        for shard, secrets in ((url.replace(".bin", ".tar") + query, ("AKIAZQ9", "SESSIONZQ9", "SIGZQ9")),
+                               (f"http://user:Zq9#frag@{host}", ("Zq9",))):
+            options = wds.FetchOptions(retries=0)
+            with pytest.raises(wds.FetchError) as caught:
+                list(wds.WebDataset(shard, shardshuffle=False, fetch_options=options))
+            shown = str(caught.value) + "".join(traceback.format_exception(caught.value))
+            assert "(url=" in shown and not [s for s in secrets if s in shown], shown
+            with pytest.warns(UserWarning) as warned:
+                list(wds.WebDataset(shard, shardshuffle=False, fetch_options=options,
+                                    handler=wds.warn_and_continue, empty_check=False))
+            assert warned and not [s for s in secrets for w in warned if s in str(w.message)]
+    finally:
+        run_coroutine(runner.cleanup()).result(5)

@@ -18,6 +18,9 @@ from shardstream._base.redact import redact
         ("https://user:hunter2@host/a.tar", "https://***@host/a.tar"),
         ("http://user:p@ss@host/x.tar", "http://***@host/x.tar"),  # "@" in the password
         ("http://user:pa/ss@host/x.tar", "http://***@host/x.tar"),  # "/" in the password
+        ("http://user:Zq9#frag@host:9/x.tar", "http://***@host:9/x.tar"),  # "#" in the password
+        ("http://user:Zq9?qm@host/x.tar?e=a@b", "http://***@host/x.tar?e=a@b"),  # "?" in it, "@" in the query
+        ("http://user:p@ss#w@host/x.tar", "http://***@host/x.tar"),  # "@" and "#"
         ("http://host:8080/a@b/x.tar", "http://host:8080/a@b/x.tar"),  # a port, "@" in the path: kept
         ("s3://bucket/a.tar?X-Amz-Signature=abc&x=1", "s3://bucket/a.tar?X-Amz-Signature=***&x=1"),
         ("https://storage.googleapis.com/b/o.tar?X-Goog-Algorithm=GOOG4&X-Goog-Credential=sa%40p.iam&"

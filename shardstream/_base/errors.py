@@ -7,9 +7,9 @@ translated into this tree in one place per layer, at the boundary.
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar
+from typing import Optional, Sequence, TypeVar
 
-from .redact import redact, redact_url
+from .redact import MASK, redact, redact_url, url_secrets
 
 __all__ = [
     "FetchError",
@@ -47,7 +47,8 @@ class ShardStreamError(Exception):
         member: Optional[str] = None,
         offset: Optional[int] = None,
     ) -> None:
-        self.message = message
+        # (a third-party message may quote the URL, decoded: a signed URL's %2F as "/")
+        self.message = redact_url(message)
         self.url = None if url is None else redact_url(url)
         self.member = member
         self.offset = offset
@@ -130,33 +131,44 @@ class RedactedCause(Exception):
     a printed traceback nor a warning shows what `redact` hides."""
 
 
-def _clean(exn: BaseException) -> bool:
+def _hide(text: str, secrets: Sequence[str]) -> str:
+    text = redact(text)
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    return text
+
+
+def _clean(exn: BaseException, secrets: Sequence[str]) -> bool:
     try:
         text, shown = str(exn), repr(exn)
     except Exception:  # noqa: BLE001 - a third party's broken __str__: stand in for it
         return False
-    return redact(text) == text and redact(shown) == shown
+    return _hide(text, secrets) == text and _hide(shown, secrets) == shown
 
 
-def _text(exn: BaseException) -> str:
+def _text(exn: BaseException, secrets: Sequence[str]) -> str:
     try:
-        return redact(str(exn))
+        return _hide(str(exn), secrets)
     except Exception:  # noqa: BLE001 - (as in _clean)
         return "(its message could not be shown)"
 
 
-def safe_cause(exn: Optional[BaseException], depth: int = 0) -> Optional[BaseException]:
+def safe_cause(exn: Optional[BaseException], depth: int = 0, *, url: Optional[str] = None,
+               secrets: Sequence[str] = ()) -> Optional[BaseException]:
     """`exn` to chain to one of our errors: itself when it and its causes hold no credential,
-    else a RedactedCause in its place (its own causes made safe the same way)."""
+    else a RedactedCause in its place (its own causes made safe the same way). With the `url`
+    the error is about, the pieces of its password count as credentials wherever they appear."""
     if exn is None:
         return None
+    if url is not None:
+        secrets = url_secrets(url)
     below = exn.__cause__ if exn.__cause__ is not None else (None if exn.__suppress_context__ else exn.__context__)
-    safe_below = safe_cause(below, depth + 1) if depth < 8 else None
-    if _clean(exn) and safe_below is below:
+    safe_below = safe_cause(below, depth + 1, secrets=secrets) if depth < 8 else None
+    if _clean(exn, secrets) and safe_below is below:
         return exn
     name = type(exn).__qualname__
     module = type(exn).__module__
-    stand_in = RedactedCause(f"{name if module == 'builtins' else module + '.' + name}: {_text(exn)}")
+    stand_in = RedactedCause(f"{name if module == 'builtins' else module + '.' + name}: {_text(exn, secrets)}")
     stand_in.__traceback__ = exn.__traceback__
     stand_in.__cause__ = safe_below
     return stand_in

@@ -18,8 +18,9 @@ Redaction errs on the side of hiding: `?monkey=1` loses its value too.
 from __future__ import annotations
 
 import re
+from typing import Tuple
 
-__all__ = ["redact", "redact_url"]
+__all__ = ["redact", "redact_url", "url_secrets"]
 
 MASK = "***"
 
@@ -47,12 +48,20 @@ def _userinfo(url: str) -> str:
     authority = before_query if slash == -1 else before_query[:slash]
     at = authority.rfind("@")
     if at == -1:
-        # `user:pa/ss@host`: a "/" in the password ends the authority early; an authority with a
-        # colon that is not a port, and an "@" later on, is taken as userinfo all the same.
-        at = before_query.rfind("@")
+        # `user:pa/ss@host`, `user:pa#ss@host`: a "/", "?" or "#" in the password ends the
+        # authority early; an authority with a colon that is not a port, and an "@" later on,
+        # is taken as userinfo all the same.
+        at = rest.find("@")
         if at == -1 or ":" not in authority or _PORT.search(authority):
             return url
-    return f"{scheme}://{MASK}@{rest[at + 1:]}"
+    # The userinfo runs to the last "@" before the host's "/" (a host holds no "@"; a query after
+    # it may): `user:p@ss#w@host/`.
+    while True:
+        slash = rest.find("/", at + 1)
+        later = rest.find("@", at + 1, len(rest) if slash == -1 else slash)
+        if later == -1:
+            return f"{scheme}://{MASK}@{rest[at + 1:]}"
+        at = later
 
 
 def redact(text: object) -> str:
@@ -65,3 +74,15 @@ def redact(text: object) -> str:
 
 
 redact_url = redact  # the name the rest of the package (and its users) know
+
+
+def url_secrets(url: str) -> Tuple[str, ...]:
+    """The pieces of `url`'s userinfo (split at ":", "#", "?", "/", "@"; 3 characters or more),
+    for texts that may quote them out of context: a parser's "invalid port 'Zq9'" for
+    `user:Zq9#x@host`."""
+    redacted = _URL.sub(lambda m: _userinfo(m.group(0)), url)
+    if redacted == url or "://" not in url:
+        return ()
+    rest = url.partition("://")[2]
+    userinfo = rest[: len(rest) - len(redacted.partition("://")[2]) + len(MASK)]
+    return tuple(piece for piece in re.split(r"[:#?/@]", userinfo) if len(piece) >= 3)

@@ -254,7 +254,7 @@ async def http_stream(
             except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
                 error, retryable = translate_error(exc, url, transfer.received)
                 if not retryable:
-                    raise error from (None if error is exc else safe_cause(exc))
+                    raise error from (None if error is exc else safe_cause(exc, url=url))
                 retry_after = None
             if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
                 return
