@@ -311,3 +311,38 @@ def test_a_registered_scheme_reaches_the_loader_gopen_and_the_cli(tmp_path, caps
         assert len(asked) >= 4  # every reader went through the registered fetcher
     finally:
         register_fetcher("vault", previous)
+
+
+def test_an_object_replaced_mid_download_is_an_error_not_two_versions_spliced(tmp_path):
+    """Every part of a parted download asks for the object the first response described (its
+    ETag, in If-Range) and refuses another: an object replaced between parts (same size, new
+    contents) once gave a pass of samples from both versions, with no error."""
+    import shardstream as wds
+    from shardsets import write_tar
+
+    versions = []
+    for tag in (b"A", b"B"):
+        path = write_tar(str(tmp_path / f"{tag.decode()}.tar"), [(f"s{i:04d}.bin", tag * 4096) for i in range(64)])
+        versions.append((f'"{tag.decode()}"', Path(path).read_bytes()))
+    assert len(versions[0][1]) == len(versions[1][1])
+    requests = []
+
+    async def handle(request):  # version A for the first 3 requests, B after
+        etag, body = versions[0] if len(requests) < 3 else versions[1]
+        requests.append(request.headers.get("Range"))
+        ranged = request.headers.get("Range")
+        if ranged is None or request.headers.get("If-Range", etag) != etag:
+            return web.Response(body=body, headers={"ETag": etag})
+        first, last = ranged[6:].split("-")
+        first, last = int(first), min(int(last or len(body) - 1), len(body) - 1)
+        return web.Response(status=206, body=body[first:last + 1], headers={
+            "ETag": etag, "Content-Range": f"bytes {first}-{last}/{len(body)}"})
+
+    runner, url = serve_app(handle)
+    try:
+        options = FetchOptions(parallel_parts=8, part_size=64 << 10, retries=1, backoff_base=0.01)
+        with pytest.raises(FetchError, match="changed"):
+            list(wds.WebDataset(url.replace(".bin", ".tar"), shardshuffle=False, fetch_options=options))
+        assert len(requests) > 3
+    finally:
+        run_coroutine(runner.cleanup()).result(5)

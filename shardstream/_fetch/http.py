@@ -187,9 +187,20 @@ def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
     )
 
 
+def _same_object(transfer: _Transfer, identity: Optional[dict]) -> None:
+    """A part of a parted download holds the validator the first response of any part gave."""
+    if identity and transfer.etag is None and transfer.last_modified is None:
+        transfer.etag, transfer.last_modified = identity["etag"], identity["last_modified"]
+
+
+def _learn_object(transfer: _Transfer, identity: Optional[dict]) -> None:
+    if identity is not None and not identity:
+        identity.update(etag=transfer.etag, last_modified=transfer.last_modified)
+
+
 async def http_stream(
     url: str, *, options: FetchOptions, start: int = 0, stop: Optional[int] = None,
-    on_size: Optional[Callable[[Optional[int]], None]] = None,
+    on_size: Optional[Callable[[Optional[int]], None]] = None, identity: Optional[dict] = None,
 ) -> AsyncGenerator[bytes, None]:
     """Yield the bytes of an http(s) URL from `start` (up to `stop`, exclusive, if given),
     retrying and resuming as `options` say.
@@ -198,6 +209,9 @@ async def http_stream(
     of it); a range past the end of the object yields what there is. A server that ignores Range
     has the prefix skipped and the body cut at `stop`. `on_size`, if given, is called once with
     the object's size as a 206's Content-Range states it, or None (no ranges served, or no size).
+    `identity`, a dict shared by the parts of one download, holds the first response's validator
+    (ETag, else Last-Modified): every part asks for that object (If-Range) and refuses another,
+    so that an object replaced mid-download is an error, not two versions spliced together.
     """
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"bad byte range: start={start}, stop={stop}")
@@ -211,10 +225,13 @@ async def http_stream(
         while not transfer.complete:
             attempt_start = transfer.received
             try:
+                _same_object(transfer, identity)
                 headers = transfer.request_headers()
                 # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
                 async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
+                    _same_object(transfer, identity)  # (another part's response may have come meanwhile)
                     skip = transfer.accept(resp)
+                    _learn_object(transfer, identity)
                     if transfer.total_exact or (transfer.total is not None and start == 0 and stop is None):
                         note_size(transfer.total)  # type: ignore[arg-type]
                     if on_size is not None:

@@ -490,9 +490,13 @@ async def parallel_stream(
     when the first part must wait for an earlier stream's size (`_learn_size`). One connection
     when the server serves no ranges, or when the rest fits in one part.
 
-    `ranged(url, *, options, start, stop, on_size)` fetches a byte range and calls `on_size`
-    once with the object's size (None: unknown, or no ranges served).
+    `ranged(url, *, options, start, stop, on_size, identity)` fetches a byte range and calls
+    `on_size` once with the object's size (None: unknown, or no ranges served); `identity`, one
+    dict for every range of the download, is the fetcher's to keep the object's validator in.
     """
+    # The parts of one download share what the first response tells of the object (its ETag):
+    # each refuses another version of it (the object replaced mid-download), as a resume does.
+    ranged = functools.partial(ranged, identity={})
     budget = part_budget(options.part_budget)
     tuning = tuning_for(url)
     part_size = options.part_size or tuning.part_size(DEFAULT_PART, budget.limit, options.parallel_parts)
