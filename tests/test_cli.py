@@ -34,6 +34,24 @@ def test_verify_reports_counts_and_failures(shardset, tmp_path, capsys):
     assert "FAIL" in out and str(bad) in out and "offset=" in out
 
 
+def test_a_garbage_index_beside_a_shard_is_a_failure_naming_it(shardset, tmp_path, capsys, monkeypatch):
+    """An `.idx` that is not one (hand-edited, another tool's) fails `verify` and the equal-work
+    split with the file and line, not a bare ValueError from int()."""
+    import shardstream as wds
+
+    shard = shutil.copy(shardset[0], tmp_path)
+    with open(shard + ".idx", "w") as f:
+        f.write("0 s0000\nnot an index\n")
+    assert main(["verify", shard]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "bad index line 2" in out and shard + ".idx" in out
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(wds.FormatError, match="bad index line 2") as caught:
+        list(wds.WebDataset(shard, shardshuffle=False, nodesplitter=wds.split_by_node))
+    assert caught.value.url == shard + ".idx"
+
+
 def test_commands_read_globs_and_folders_as_the_loader_does(shardset, tmp_path, capsys):
     """A spec names the same shards for the command as for WebDataset: a glob, a folder with its
     trailing slash, and one without it."""

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Dict, Iterable, List, Tuple
 
+from .._base.errors import FormatError
 from .._tar.keys import base_plus_ext, is_meta
 from .members import is_compressed_file, iter_members, mapped_member_batches
 from .._fetch.open import local_path_of
@@ -77,12 +78,23 @@ def write_index(path: str, summary: ShardSummary) -> None:
 
 
 def read_index(path: str) -> List[Tuple[int, str]]:
-    """Read an `.idx` file into [(offset, key), ...]."""
-    result = []
+    """Read an `.idx` file into [(offset, key), ...].
+
+    Raises:
+        FormatError: a line that is not "offset key" with offsets rising, naming the file and line.
+    """
+    result: List[Tuple[int, str]] = []
     with open(path, encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            offset, _, key = line.rstrip("\n").partition(" ")
-            result.append((int(offset), key))
+        for number, line in enumerate(f, 1):
+            text, _, key = line.rstrip("\n").partition(" ")
+            try:
+                offset = int(text)
+            except ValueError:
+                offset = -1
+            if offset < 0 or offset % 512 or (result and offset <= result[-1][0]):
+                raise FormatError(f"bad index line {number}: {line.rstrip()[:80]!r} (want rising tar offsets "
+                                  "and keys; rewrite it with `shardstream index`)", url=path)
+            result.append((offset, key))
     return result
 
 
