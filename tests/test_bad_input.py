@@ -124,3 +124,34 @@ def test_fsspec_urls_work(shards):
     assert "__local_path__" not in samples[0]
     with pytest.raises(wds.ShardNotFound):
         list(wds.WebDataset("memory://bucket/nothere.tar", shardshuffle=False))
+
+
+def test_a_shard_cut_at_a_member_boundary_is_read_with_a_warning(tmp_path, caplog):
+    """A shard that ends at a block boundary without the end-of-archive blocks reads as
+    webdataset reads it (its samples, the last one perhaps short of members), and a WARNING
+    names it and the byte where it stops: a shard cut there used to pass in silence."""
+    import logging
+    import tarfile
+
+    import webdataset
+    from shardserver import ShardServer
+
+    whole = write_tar(str(tmp_path / "whole.tar"), [m for i in range(3) for m in sample_members(i)])
+    with tarfile.open(whole) as archive:
+        members = archive.getmembers()
+        cut_at = members[-2].offset  # before the last sample's last two members
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(open(whole, "rb").read()[:cut_at])
+    expected = [sorted(k for k in s if not k.startswith("__")) for s in webdataset.WebDataset(str(cut), shardshuffle=False)]
+    with ShardServer(str(tmp_path)) as served:
+        for url in (str(cut), served.url("cut.tar")):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING):
+                got = [sorted(k for k in s if not k.startswith("__")) for s in wds.WebDataset(url, shardshuffle=False)]
+            assert got == expected and len(got[-1]) < len(got[0])
+            told = [r.getMessage() for r in caplog.records if "end-of-archive" in r.getMessage()]
+            assert len(told) == 1 and url in told[0] and f"at byte {cut_at}" in told[0], told
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        list(wds.WebDataset(whole, shardshuffle=False))
+    assert not [r for r in caplog.records if "end-of-archive" in r.getMessage()]

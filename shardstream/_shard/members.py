@@ -7,12 +7,13 @@ pipes, remote streams, caches) is fed to the reader chunk by chunk.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import stat
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
-from .._base.errors import FetchError, ShardNotFound
+from .._base.errors import FetchError, ShardNotFound, redact_url
 from .._tar.codecs import MAGIC_BYTES, sniff
 from .._base.malloc import tune_malloc
 from .._base.counters import Counters
@@ -27,8 +28,25 @@ class SourceStats(Counters):
 
     FIELDS = ("bytes", "shards", "samples", "errors", "retries", "resumes")
 
+logger = logging.getLogger(__name__)
+
 WINDOW = 8 << 20  # bytes parsed per step of a mapped file: bounds the members held at once
 _PAGE = mmap.PAGESIZE
+
+
+_told: set = set()  # shards already warned about in this process (once each, not every epoch)
+
+
+def _closed(reader: TarReader, url: Optional[str]) -> List[TarMember]:
+    """reader.close(), saying so when the archive ended without its end-of-archive blocks."""
+    members = reader.close()
+    if reader.unterminated is not None and url not in _told and len(_told) < 10_000:
+        _told.add(url)
+        logger.warning(
+            "%s ends at byte %d without the tar end-of-archive blocks: it may be truncated there, and its last "
+            "sample may lack members (tar, tarfile and ShardWriter end every shard with them; webdataset reads such a "
+            "shard the same way)", redact_url(str(url)), reader.unterminated)
+    return members
 
 
 def iter_members(
@@ -39,7 +57,7 @@ def iter_members(
     reader = TarReader(url, others=others)
     for chunk in chunks:
         yield from reader.feed(chunk)
-    yield from reader.close()
+    yield from _closed(reader, url)
 
 
 def chunk_member_batches(
@@ -62,7 +80,7 @@ def chunk_member_batches(
             if info is not None:
                 info["compressed"] = reader.compressed
             yield members
-        yield reader.close()
+        yield _closed(reader, url)
     except FetchError as exn:  # the transfer broke: say inside which member, as format errors do
         raise exn.with_location(member=reader.pending_member)
     finally:
@@ -139,7 +157,7 @@ def mapped_member_batches(
         if check is not None:
             check(view, stop)
         rest = view[pos:stop].tobytes() if pos < stop else b""
-        yield reader.feed(rest) + reader.close()
+        yield reader.feed(rest) + _closed(reader, url)
     finally:
         if view is not None:
             view.release()

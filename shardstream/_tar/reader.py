@@ -111,6 +111,7 @@ class TarReader:
         self._global: dict = {}  # PAX global header records
         self._global_applies = False  # whether they change members (path, size, sparse)
         self._finished = False
+        self.unterminated: Optional[int] = None  # set by close(): where an archive without its end-of-archive blocks stops
         self._error: Optional[FormatError] = None  # raised again by every later call
         self._tail_at = self._tail_stop = 0  # the bytes after the end-of-archive block still to scan
         self._tail_partial = b""
@@ -271,7 +272,10 @@ class TarReader:
             raise self._fail("archive ends right after an extension header", offset=self._dangling)
         if offset == 0:
             raise self._fail("empty file", offset=0)  # e.g. gzip of nothing; tarfile says the same
-        # Ending at a block boundary without the end-of-archive blocks is accepted, like tarfile.
+        # Ending at a block boundary without the end-of-archive blocks is accepted, like tarfile
+        # and webdataset; `unterminated` tells the caller, which says so (a shard cut at a member
+        # boundary reads this way: its last sample may lack members).
+        self.unterminated = offset
         return []
 
     def _fail(self, message: str, member: Optional[str] = None, offset: Optional[int] = None) -> FormatError:
