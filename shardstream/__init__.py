@@ -215,3 +215,13 @@ __all__ = [
     "with_length",
     "xdecode",
 ]
+
+
+def __getattr__(name: str):
+    """webdataset's submodules that `import webdataset as wds` reaches as attributes, loaded on
+    first use (`wds.tenbin`; `wds.pytorch`, whose torch names import torch only when asked for)."""
+    import importlib
+
+    if name in ("tenbin", "pytorch"):
+        return importlib.import_module("shardstream.tenbin" if name == "tenbin" else "shardstream._base.lazytorch")
+    raise AttributeError(f"module 'shardstream' has no attribute {name!r}")

@@ -106,3 +106,18 @@ def test_the_rule_skips_imported_helpers_and_keeps_reexports():
     assert "default_rng" in names  # a value bound in the source
     assert {"group_by_keys", "tar_file_expander"} <= set(api_names(webdataset.compat))
     assert "gopen" in api_names(webdataset.writer)
+
+
+def test_submodules_webdataset_reaches_as_attributes_are_here_too():
+    """`import webdataset as wds; wds.tenbin.write(...)` works because webdataset's __init__
+    imports them; here they load on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, webdataset, shardstream as wds\n"
+            "for name in ('tenbin', 'pytorch'):\n"
+            "    assert hasattr(webdataset, name) and hasattr(wds, name), name\n"
+            "assert wds.tenbin.encode_buffer and wds.pytorch.IterableDataset\n"
+            )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
