@@ -78,8 +78,9 @@ def test_a_failing_map_is_reported_once_per_sample(shards, caplog, threads):
 
     keys, reports = _reports(dataset, caplog, "odd sample")
     assert keys == ["s0000", "s0002"]
+    where = f"in stage 'map(fail_odd)' on sample '{{}}' of {shards['good1']}"  # the map knew nothing of the shard
     assert sorted(reports) == [
-        "skipped after error: ValueError('odd sample s0001')", "skipped after error: ValueError('odd sample s0003')"
+        f"skipped after error: ValueError('odd sample {key}') (raised {where.format(key)})" for key in ("s0001", "s0003")
     ]
 
 

@@ -174,6 +174,25 @@ def safe_cause(exn: Optional[BaseException], depth: int = 0, *, url: Optional[st
     return stand_in
 
 
+NOTE_PREFIX = "shardstream: "
+
+
+def note_stage(exn: BaseException, stage: str, sample: object = None) -> None:
+    """Add a note saying which stage raised `exn`, and on which sample (its `__key__` and
+    `__url__`, when `sample` is a dict holding them): a user's map function or a `to_tuple` key
+    the sample lacks knows nothing of the shard. Warnings (`describe`) and tracebacks show it."""
+    if not hasattr(exn, "add_note"):
+        return
+    text = f"{NOTE_PREFIX}raised in stage {stage!r}"
+    if isinstance(sample, dict) and sample.get("__key__") is not None:
+        text += f" on sample {sample['__key__']!r}"
+        if sample.get("__url__") is not None:
+            text += f" of {redact(str(sample['__url__']))}"
+    notes = getattr(exn, "__notes__", [])
+    if not any(note.startswith(f"{NOTE_PREFIX}raised in stage") for note in notes):
+        exn.add_note(text)
+
+
 def describe(exn: BaseException) -> str:
     """What a warning says about an error: its repr and the chain of causes (a decode error's
     reason, e.g. the JSON error, is its __cause__), credentials redacted."""
@@ -183,4 +202,5 @@ def describe(exn: BaseException) -> str:
         seen.add(id(cause))
         parts.append(repr(cause))
         cause = cause.__cause__ or cause.__context__
-    return redact(", caused by ".join(parts))
+    ours = [note[len(NOTE_PREFIX):] for note in getattr(exn, "__notes__", ()) if note.startswith(NOTE_PREFIX)]
+    return redact(", caused by ".join(parts) + "".join(f" ({note})" for note in ours))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
+from .._base.errors import note_stage
 from .._stages.contract import DROP, SampleStage
 from .stats import StageStats
 
@@ -59,14 +60,6 @@ def split_segments(stages: Sequence[Any]) -> List[Segment]:
     return segments
 
 
-def note_stage(exc: BaseException, stage: str) -> None:
-    if hasattr(exc, "add_note"):
-        notes = getattr(exc, "__notes__", [])
-        text = f"shardstream: raised in stage {stage!r}"
-        if text not in notes:
-            exc.add_note(text)
-
-
 def run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats) -> List[Any]:
     """Run a chunk of samples through fused sample stages (on a pool thread)."""
     positions = getattr(chunk, "positions", None)
@@ -91,10 +84,11 @@ def run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats)
                     sample = stage.apply(sample)
                 except Exception as exn:
                     failures += 1
+                    note_stage(exn, stage.name, chunk[index])  # the sample as it came in: its key and URL
                     try:
                         skip = stage.handler(exn)
                     except BaseException as raised:
-                        note_stage(raised, stage.name)
+                        note_stage(raised, stage.name, chunk[index])
                         raise
                     if not skip:
                         append(STOP)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator
 
+from .._base.errors import note_stage
 from .._base.handlers import reraise_exception
 from .resumable import CLEAN_CUT, clean_cut
 
@@ -77,6 +78,7 @@ class SampleStage(PipelineStage):
             try:
                 result = apply(sample)
             except Exception as exn:
+                note_stage(exn, self.name, sample)
                 if handler(exn):
                     continue
                 return

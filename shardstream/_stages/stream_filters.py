@@ -131,6 +131,9 @@ class ShardShuffle(PipelineStage):
     def __call__(self, src):
         return self.run(src)
 
+    def __repr__(self) -> str:  # (webdataset's tests find the stage by "shuffle" in its str)
+        return f"<shard shuffle({self.bufsize}, seed={self.seed!r})>"
+
 
 class SeededShuffle(PipelineStage):
     """A shuffle buffer seeded by (seed, epoch, rank, worker): reproducible, different on every
