@@ -362,6 +362,15 @@ def test_reshard_keeps_every_sample(created, tmp_path):
         assert payload < 30000 + biggest
 
 
+def test_reshard_reads_a_glob_of_shards_as_the_loader_does(created, tmp_path):
+    """`create` names its source shards as the loader and the other commands do: a glob too
+    (it was taken for one shard named "shard-*.tar": "shard not found")."""
+    code, _, err = cli("create", str(created / "shard-00000[0-1].tar"), tmp_path / "re", "--maxcount", 100)
+    assert code == 0, err
+    expected = samples_of(shards_of(created)[:2])
+    assert samples_of(shards_of(tmp_path / "re")) == expected and len(expected) == 14
+
+
 def test_reshard_refuses_a_stale_count_instead_of_dropping_samples(created, tmp_path):
     """The reshard plans from the source's sizes.json: a count one short left the shard's last
     sample out without a word, and one too long wrote a sample fewer than planned."""

@@ -50,7 +50,7 @@ def test_s3_prefix_and_glob_specs_are_listed(s3_shards):
 
 
 @pytest.mark.timeout(90)
-def test_an_s3_prefix_lists_its_shards_not_the_files_beside_them(s3_shards, s3_admin, shardset):
+def test_an_s3_prefix_lists_its_shards_not_the_files_beside_them(s3_shards, s3_admin, shardset, tmp_path):
     """`shardstream create SRC s3://bucket/train/` writes sizes.json, classes.json and .idx files
     beside the shards: a prefix reads as its shards, as a local folder does (a glob names its
     objects itself)."""
@@ -63,6 +63,12 @@ def test_an_s3_prefix_lists_its_shards_not_the_files_beside_them(s3_shards, s3_a
         wds.WebDataset(shardset, shardshuffle=False))
     assert wds.SimpleShardList(f"s3://{bucket}/{prefix}*.json").urls == [
         f"s3://{bucket}/{prefix}classes.json", f"s3://{bucket}/{prefix}sizes.json"]
+    from shardstream.cli import main
+
+    out = tmp_path / "resharded"  # `create` reads such a prefix as its source shards too
+    assert main(["create", f"s3://{bucket}/{prefix}", str(out), "--maxcount", "1000", "--rekey", "-q"]) == 0
+    fields = lambda samples: sorted(fields for _, fields in _keys(samples))  # noqa: E731  (rekeyed)
+    assert fields(wds.WebDataset(str(out) + "/", shardshuffle=False)) == fields(wds.WebDataset(shardset, shardshuffle=False))
 
 
 @pytest.mark.timeout(90)

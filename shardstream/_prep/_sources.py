@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from .._base.errors import UsageError
 from .._tar.keys import base_plus_ext
+from .._fetch.listing import expand_listings, needs_listing
 from .._fetch.open import local_path_of
 from .._base.redact import redact
 from .._shard.origin import open_origin
@@ -51,12 +52,13 @@ def detect_input(source: str) -> str:
     if directory is not None:
         return "shards" if shard_files(directory) else "imagefolder"
     name = shard_name(source).lower()
-    if "::" in source or "{" in source or name.endswith(SHARD_SUFFIXES):
-        return "shards"
+    if "::" in source or "{" in source or name.endswith(SHARD_SUFFIXES) or needs_listing(source):
+        return "shards"  # (a glob, an s3:// prefix: listed as the loader lists them)
     if name.endswith(MANIFEST_SUFFIXES):
         return "manifest"
     raise UsageError(
-        f"cannot tell what {redact(source)!r} is: give a directory, shards (.tar, a {{..}} spec) or a manifest "
+        f"cannot tell what {redact(source)!r} is: give a directory, shards (.tar, a {{..}} spec, a glob, an "
+        f"s3:// prefix) or a manifest "
         f"({', '.join(MANIFEST_SUFFIXES)}), or say --input"
     )
 
@@ -169,7 +171,7 @@ def list_shards(source: str, need_sizes: bool = False, progress: bool = False) -
     from .._shard.samples import TarShardSamples
 
     directory = _local_dir(source)
-    urls = shard_files(directory) if directory is not None else expand_urls(source)
+    urls = shard_files(directory) if directory is not None else expand_listings(expand_urls(source))
     if not urls:
         raise UsageError(f"no shards in {redact(source)}")
     sizes: List[List[int]] = []

@@ -119,7 +119,8 @@ def mapped_member_batches(
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
-            raise FetchError("cannot open shard: it is a directory (give its shards: a brace pattern or a list)", url=url)
+            raise FetchError("cannot open shard: it is a directory (name its shards: the folder with a trailing '/', a glob, "
+                             "a brace pattern or a list)", url=url)
         size = info.st_size
         reader = TarReader(url, start_offset=start_offset, payloads=payloads, size=size)
         if size == 0 or start_offset >= size:
