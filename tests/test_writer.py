@@ -383,3 +383,21 @@ def test_shardwriter_logs_instead_of_printing(tmp_path, capsys, caplog):
         writer.write({"__key__": "k", "txt": "x"})
     assert capsys.readouterr().out == ""
     assert "v-0.tar" in caplog.text
+
+
+@pytest.mark.parametrize("sample, message", [
+    ({"__key__": "", "cls": b"1"}, "non-empty"),
+    ({"__key__": "a\0b", "cls": b"1"}, "NUL"),
+    ({"__key__": "dir/img.jpg", "cls": b"1"}, "'.' in it"),
+    ({"__key__": "k", "": b"1"}, "field name ''"),
+    ({"__key__": "k", "txt": b"a", "TXT": b"b"}, "read back as one"),
+])
+def test_names_a_reader_would_not_read_back_are_refused(tmp_path, sample, message):
+    """webdataset writes these, and its reader (and ours) then cuts the key at the '.', drops
+    the sample (an empty or NUL key) or fails on a duplicate: nothing is written instead."""
+    path = str(tmp_path / "out.tar")
+    with sw.TarWriter(path) as sink:
+        with pytest.raises(UsageError, match=message):
+            sink.write(sample)
+        sink.write({"__key__": "dir/ok", "cls": b"1", "TXT": b"upper"})
+    assert [(s["__key__"], s["txt"]) for s in wds.WebDataset(path, shardshuffle=False)] == [("dir/ok", b"upper")]

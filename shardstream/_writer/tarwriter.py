@@ -22,7 +22,7 @@ import os
 import sys
 import tarfile
 import time
-from typing import Any, BinaryIO, Callable, Dict, Optional, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -69,6 +69,25 @@ def _tar_format(format: Any) -> Optional[int]:  # noqa: A002 - webdataset's opti
             raise UsageError(f"unknown tar format {format!r} (use ustar, gnu or pax)")
         return found
     return format
+
+
+def _check_names(key: Any, fields: List[str]) -> None:
+    """Refuse a sample whose members a reader would not read back as written (webdataset writes
+    them): the reader's key is the member name up to the first "." of its last path part, and
+    its field names are lower-cased."""
+    if not isinstance(key, str) or not key or "\0" in key:
+        raise UsageError(f"sample key {key!r}: want a non-empty string without NUL")
+    if "." in key.rpartition("/")[2]:
+        raise UsageError(f"sample key {key!r}: a '.' in it would end the key there when read (member "
+                         f"{key}.<field>); replace it")
+    seen: Dict[str, str] = {}
+    for field in fields:
+        if not field or "\0" in field or "/" in field:
+            raise UsageError(f"sample {key!r}: field name {field!r} would not read back (empty, NUL or '/')")
+        if field.lower() in seen:
+            raise UsageError(f"sample {key!r}: fields {seen[field.lower()]!r} and {field!r} read back as one "
+                             "(field names are lower-cased when read)")
+        seen[field.lower()] = field
 
 
 class TarWriter:
@@ -146,8 +165,12 @@ class TarWriter:
         """Encode and write one sample; return the number of payload bytes written.
 
         Raises:
-            UsageError: no `__key__`, or a field that is not bytes after encoding.
+            UsageError: no `__key__`, a field that is not bytes after encoding, or names that would
+                not read back as written (an empty key, a "." in the key, fields that differ only
+                in case; webdataset writes them).
         """
+        if "__key__" in obj:  # (before the encoder, which indexes field names)
+            _check_names(obj["__key__"], [k for k in obj if k != "__key__" and (self.keep_meta or k[:1] != "_")])
         obj = self.encoder(obj)
         if "__key__" not in obj:
             raise UsageError("object must contain a __key__")
