@@ -4,6 +4,7 @@ stays fixed. Each case goes through the public API: the loader, its handlers and
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import logging
 import os
@@ -321,6 +322,11 @@ def _bad_shards(root):
     whole = open(shards["good"], "rb").read()
     (root / "concat.tar").write_bytes(whole + whole)
     shards["concatenated archives"] = str(root / "concat.tar")
+    # `cat a.tar.gz b.tar.gz`: the second archive was dropped in silence (webdataset drops it too)
+    (root / "concat.tar.gz").write_bytes(gzip.compress(whole) + gzip.compress(whole))
+    shards["concatenated gzipped archives"] = str(root / "concat.tar.gz")
+    (root / "padded.tar.gz").write_bytes(gzip.compress(whole) + b"\0" * 1000)  # junk after the stream: ignored
+    shards["good"], shards["good, padded"] = shards["good"], str(root / "padded.tar.gz")
     return shards
 
 
@@ -332,7 +338,7 @@ def test_verify_fails_exactly_the_shards_the_loader_fails(tmp_path):
         except wds.FormatError:
             loader_ok = False
         code, out = _cli("verify", shard, cwd=tmp_path)
-        assert (code == 0) == loader_ok == (kind == "good"), (kind, out)
+        assert (code == 0) == loader_ok == kind.startswith("good"), (kind, out)
 
 
 def test_a_shard_cut_at_a_member_boundary_fails_when_its_count_says_more(tmp_path, monkeypatch):

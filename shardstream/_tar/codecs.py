@@ -38,6 +38,9 @@ class _Inflater:
         compressed_offset: compressed bytes consumed so far.
         last_member: set it once no more output is wanted: the current member is still read to
             its end (so its checksum is checked), and whatever follows it is ignored.
+        tail_only: set it once the archive has ended: a member that follows is decompressed
+            only for the caller's look past the end (a second archive concatenated?) until
+            `last_member`; one that does not decompress is ignored, as tarfile ignores it.
         error: set (and feeding stops) once the stream turned out corrupt.
     """
 
@@ -49,6 +52,8 @@ class _Inflater:
         self._rest = b""  # compressed bytes after the end of the last member, not decompressed yet
         self.compressed_offset = 0
         self.last_member = False
+        self.tail_only = False
+        self._in_tail = False  # decompressing a member after the archive's end
         self.error: Optional[FormatError] = None
 
     def _new(self) -> Any:  # pragma: no cover - subclasses override
@@ -64,15 +69,19 @@ class _Inflater:
         On corrupt input, return what decompressed before the corruption and set `error`."""
         if self._rest:
             data, self._rest = self._rest + data, b""
-        if not data or self.error is not None:
+        if not data or self.error is not None or (self._in_tail and self.last_member):
             return b""
         if self._decompressor.eof:
             if self.last_member:
                 return b""  # like tarfile, ignore whatever follows the archive
             self._decompressor = self._new()  # another member follows
+            self._in_tail = self.tail_only
         try:
             out = self._decompress(data)
         except self.errors as exc:
+            if self._in_tail:  # not a member after all (padding, junk): ignored, like tarfile
+                self.last_member = True
+                return b""
             return self._corrupt(exc, data)
         if self._decompressor.eof:
             self._rest = self._decompressor.unused_data  # only what followed the member within `data`
@@ -90,7 +99,7 @@ class _Inflater:
         """Raise FormatError unless the last member was complete (its trailer seen)."""
         if self.error is not None:
             raise self.error
-        if not self._decompressor.eof:
+        if not self._decompressor.eof and not self._in_tail:
             raise FormatError(f"truncated {self.name} stream (ends after {self.compressed_offset} compressed bytes)")
 
 

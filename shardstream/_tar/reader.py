@@ -172,6 +172,8 @@ class TarReader:
                 if not members:
                     raise
                 return members  # the error is raised by the next call (self._error)
+            if self._finished and self._tail_at + len(self._tail_partial) >= self._tail_stop:
+                inflater.last_member = True  # past the end, scanned as far as uncompressed shards are
             if not inflater.pending or inflater.error is not None or self._error is not None:
                 break
             data = b""
@@ -351,7 +353,9 @@ class TarReader:
             self._buf, self._pos, self._base = b"", 0, base + pos  # keep offset, free the buffer
             self._stalled = None
             if self._inflater is not None:
-                self._inflater.last_member = True
+                self._inflater.tail_only = True  # a member after it is read for the tail scan only
+                if self._tail_at + len(self._tail_partial) >= self._tail_stop:
+                    self._inflater.last_member = True
         return out
 
     def _step(self, buf: bytes, pos: int, out: List[TarMember]) -> int:
