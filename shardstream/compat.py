@@ -126,7 +126,8 @@ def check_empty(source):
         count += 1
     if count == 0:
         raise ValueError(
-            "No samples found in dataset; perhaps you have fewer shards than workers.\n"
+            "No samples found in dataset; perhaps you have fewer shards than workers, or every shard this "
+            "worker read failed and was skipped (a handler's warnings above name them).\n"
             "Turn off using empty_check=False in the WebDataset constructor."
         )
 
