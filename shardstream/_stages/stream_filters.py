@@ -104,45 +104,13 @@ class detshuffle(PipelineStage):
         return self.run(src)
 
 
-class ShardShuffle(PipelineStage):
-    """`WebDataset(shardshuffle=N)`'s shard shuffle: webdataset 1.0.2's order in epoch 0
-    (`shuffle(N, seed=seed)`), then a new order every epoch, seeded by (seed, epoch). webdataset
-    seeds every pass alike, so its shard order repeats every epoch (and `set_epoch` cannot change it)."""
+class _EpochShuffle(PipelineStage):
+    """A shuffle buffer whose draws depend on the epoch: `set_epoch(e)`, else its passes count
+    0, 1, ...; subclasses say how the epoch seeds it (`_rng`)."""
 
     name = "shuffle"
-    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch)
 
-    def __init__(self, bufsize: int, seed: Any) -> None:
-        self.bufsize = bufsize
-        self.seed = seed
-        self.epoch: Optional[int] = None
-        self.passes = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def run(self, src):
-        epoch = self.epoch if self.epoch is not None else self.passes
-        self.passes += 1
-        # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
-        rng = random.Random(self.seed) if epoch == 0 else random.Random(f"shardstream-shards/{self.seed}/{epoch}")
-        return _shuffle(src, self.bufsize, 100, rng)
-
-    def __call__(self, src):
-        return self.run(src)
-
-    def __repr__(self) -> str:  # (webdataset's tests find the stage by "shuffle" in its str)
-        return f"<shard shuffle({self.bufsize}, seed={self.seed!r})>"
-
-
-class SeededShuffle(PipelineStage):
-    """A shuffle buffer seeded by (seed, epoch, rank, worker): reproducible, different on every
-    rank and DataLoader worker and in every epoch (what WebDataset(seed=...).shuffle(n) uses)."""
-
-    name = "shuffle"
-    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch, rank, worker)
-
-    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0) -> None:
+    def __init__(self, bufsize: int, initial: int, seed: Any) -> None:
         self.bufsize = bufsize
         self.initial = initial
         self.seed = seed
@@ -152,16 +120,48 @@ class SeededShuffle(PipelineStage):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _rng(self, epoch: int) -> random.Random:  # pragma: no cover - subclasses override
+        raise NotImplementedError
+
     def run(self, src):
-        rank, _world, worker, _workers = pytorch_worker_info()
         epoch = self.epoch if self.epoch is not None else self.passes
         self.passes += 1
-        # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
-        rng = random.Random(f"shardstream-shuffle/{self.seed}/{epoch}/{rank}/{worker}")
-        return _shuffle(src, self.bufsize, self.initial, rng)
+        return _shuffle(src, self.bufsize, self.initial, self._rng(epoch))
 
     def __call__(self, src):
         return self.run(src)
+
+
+class ShardShuffle(_EpochShuffle):
+    """`WebDataset(shardshuffle=N)`'s shard shuffle: webdataset 1.0.2's order in epoch 0
+    (`shuffle(N, seed=seed)`), then a new order every epoch, seeded by (seed, epoch). webdataset
+    seeds every pass alike, so its shard order repeats every epoch (and `set_epoch` cannot change it)."""
+
+    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch)
+
+    def __init__(self, bufsize: int, seed: Any) -> None:
+        super().__init__(bufsize, 100, seed)
+
+    def _rng(self, epoch: int) -> random.Random:
+        # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
+        return random.Random(self.seed) if epoch == 0 else random.Random(f"shardstream-shards/{self.seed}/{epoch}")
+
+    def __repr__(self) -> str:  # (webdataset's tests find the stage by "shuffle" in its str)
+        return f"<shard shuffle({self.bufsize}, seed={self.seed!r})>"
+
+
+class SeededShuffle(_EpochShuffle):
+    """A shuffle buffer seeded by (seed, epoch, rank, worker): reproducible, different on every
+    rank and DataLoader worker and in every epoch (what WebDataset(seed=...).shuffle(n) uses)."""
+
+    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch, rank, worker)
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0) -> None:
+        super().__init__(bufsize, initial, seed)
+
+    def _rng(self, epoch: int) -> random.Random:
+        rank, _world, worker, _workers = pytorch_worker_info()
+        return random.Random(f"shardstream-shuffle/{self.seed}/{epoch}/{rank}/{worker}")
 
 
 def tuple2dict(row):
