@@ -155,3 +155,20 @@ def test_a_shard_cut_at_a_member_boundary_is_read_with_a_warning(tmp_path, caplo
     with caplog.at_level(logging.WARNING):
         list(wds.WebDataset(whole, shardshuffle=False))
     assert not [r for r in caplog.records if "end-of-archive" in r.getMessage()]
+
+
+def test_an_error_from_a_webloader_worker_keeps_its_location(tmp_path):
+    """torch's DataLoader rebuilds a worker's exception from its text: the url, member and
+    offset attributes came back None. A note carries them across as JSON."""
+    good = write_tar(str(tmp_path / "good.tar"), [m for i in range(3) for m in sample_members(i)])
+    whole = write_tar(str(tmp_path / "whole.tar"), [m for i in range(50, 53) for m in sample_members(i)])
+    raw = open(whole, "rb").read()
+    bad = tmp_path / "cut.tar"
+    bad.write_bytes(raw[: len(raw) // 2 + 100])
+    seen = {}
+    for workers in (0, 2):
+        dataset = wds.WebDataset([good, str(bad)], shardshuffle=False).to_tuple("__key__")
+        with pytest.raises(wds.FormatError) as caught:
+            list(wds.WebLoader(dataset, num_workers=workers, batch_size=None))
+        seen[workers] = (caught.value.url, caught.value.member, caught.value.offset)
+    assert seen[2] == seen[0] and seen[0][0] == str(bad) and seen[0][2] is not None, seen

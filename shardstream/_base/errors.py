@@ -7,6 +7,8 @@ translated into this tree in one place per layer, at the boundary.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Optional, Sequence, TypeVar
 
 from .redact import MASK, redact, redact_url, url_secrets
@@ -175,6 +177,29 @@ def safe_cause(exn: Optional[BaseException], depth: int = 0, *, url: Optional[st
 
 
 NOTE_PREFIX = "shardstream: "
+_WHERE = "shardstream-where: "
+
+
+def mark_location(exn: BaseException) -> None:
+    """Add a note holding the error's location as JSON, before it leaves a DataLoader worker:
+    torch rebuilds a worker's exception from its text alone (`restore_location` reads it back)."""
+    if isinstance(exn, ShardStreamError) and hasattr(exn, "add_note"):
+        if not any(note.startswith(_WHERE) for note in getattr(exn, "__notes__", ())):
+            exn.add_note(_WHERE + json.dumps({"url": exn.url, "member": exn.member, "offset": exn.offset}))
+
+
+def restore_location(exn: BaseException) -> None:
+    """The location `mark_location` wrote into a worker's error, back on the rebuilt one."""
+    if not isinstance(exn, ShardStreamError) or (exn.url, exn.member, exn.offset) != (None, None, None):
+        return
+    found = re.search(rf"^{_WHERE}(\{{.*\}})$", str(exn), re.MULTILINE)
+    if found is None:
+        return
+    try:
+        where = json.loads(found.group(1))
+    except ValueError:
+        return
+    exn.with_location(url=where.get("url"), member=where.get("member"), offset=where.get("offset"))
 
 
 def note_stage(exn: BaseException, stage: str, sample: object = None) -> None:

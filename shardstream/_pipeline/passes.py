@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Sequence
 
-from .._base.errors import UsageError
+from .._base.errors import ShardStreamError, UsageError, mark_location
 from .._engine.run import EngineIterator
 from .._engine.stats import PipelineStats
 
@@ -124,6 +124,9 @@ class PipelineIterator:
             # Tell WebLoader this worker is done, so it never waits for more from it.
             tag, self._tag = self._tag, -1
             return Tagged(WORKER_END, tag, self._delivered + 1)
+        except ShardStreamError as exn:  # leaving a DataLoader worker: torch keeps only its text
+            mark_location(exn)
+            raise
         return Tagged(item, self._tag, self._delivered, self._position)
 
     def _next_item(self) -> Any:
