@@ -172,3 +172,12 @@ def test_an_error_from_a_webloader_worker_keeps_its_location(tmp_path):
             list(wds.WebLoader(dataset, num_workers=workers, batch_size=None))
         seen[workers] = (caught.value.url, caught.value.member, caught.value.offset)
     assert seen[2] == seen[0] and seen[0][0] == str(bad) and seen[0][2] is not None, seen
+    # a DecodingError (url, key, field) takes torch's text as its url when rebuilt: put right too
+    badjson = write_tar(str(tmp_path / "badjson.tar"), [("s0000.json", b'{"a": 1}'), ("s0001.json", b"{not json")])
+    decoded = {}
+    for workers in (0, 1):
+        with pytest.raises(wds.DecodingError) as caught:
+            list(wds.WebLoader(wds.WebDataset(badjson, shardshuffle=False).decode(), batch_size=None, num_workers=workers))
+        error = caught.value
+        decoded[workers] = (error.url, error.member, error.key, error.k)
+    assert decoded[1] == decoded[0] == (badjson, "s0001.json", "s0001", "json"), decoded

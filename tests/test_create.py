@@ -321,6 +321,16 @@ def test_csv_jsonl_and_parquet_manifests_give_the_same_shards(folder, tmp_path):
     assert len(samples) == 9 and {s["cls"] for s in samples.values()} == {b"0", b"1", b"2"}
 
 
+def test_a_manifest_named_like_a_glob_is_a_manifest(folder, tmp_path):
+    """`captions[v2].csv` is a manifest: its name is not taken for a glob of shards."""
+    os.symlink(folder, tmp_path / "images")
+    manifest = _manifest(tmp_path / "captions[v2].csv", [["images/cat/img0.jpg", "a", 0, "k0"]],
+                         header=("path", "caption", "label", "key"))
+    code, _, err = cli("create", manifest, tmp_path / "out", "--workers", 1)
+    assert code == 0, err
+    assert list(samples_of(shards_of(tmp_path / "out"))) == ["k0"]
+
+
 def test_manifest_keys_stay_inside_the_shard(folder, tmp_path):
     """A key column's "/abs" or "dir/" would make an absolute or empty member name (extract refuses
     the first, index skips the second): keys are made relative, and ".." is refused."""

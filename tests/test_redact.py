@@ -20,7 +20,9 @@ from shardstream._base.redact import redact
         ("http://user:pa/ss@host/x.tar", "http://***@host/x.tar"),  # "/" in the password
         ("http://user:Zq9#frag@host:9/x.tar", "http://***@host:9/x.tar"),  # "#" in the password
         ("http://user:Zq9?qm@host/x.tar?e=a@b", "http://***@host/x.tar?e=a@b"),  # "?" in it, "@" in the query
-        ("http://user:p@ss#w@host/x.tar", "http://***@host/x.tar"),  # "@" and "#"
+        ("https://user:pw@host?email=a@b", "https://***@host?email=a@b"),  # no path; "@" in the query
+        ("https://user:pw@host:8443?next=x@y", "https://***@host:8443?next=x@y"),
+        ("http://[::1]/a.tar?mail=a@b.c", "http://[::1]/a.tar?mail=a@b.c"),  # IPv6: its colons are no password
         ("http://host:8080/a@b/x.tar", "http://host:8080/a@b/x.tar"),  # a port, "@" in the path: kept
         ("s3://bucket/a.tar?X-Amz-Signature=abc&x=1", "s3://bucket/a.tar?X-Amz-Signature=***&x=1"),
         ("https://storage.googleapis.com/b/o.tar?X-Goog-Algorithm=GOOG4&X-Goog-Credential=sa%40p.iam&"

@@ -36,8 +36,12 @@ _HEADER_NAME = (r"(?:proxy-)?authorization|(?:set-)?cookie"
 _HEADER_ITEM = re.compile(rf"(?i)((?:^|[\s{{,(])['\"](?:{_HEADER_NAME})['\"]\s*:\s*['\"])[^'\"\n]*")
 
 
-def _userinfo(url: str) -> str:
-    scheme, _, rest = url.partition("://")
+_HOST = re.compile(r"[\w.\-]*(?::\d*)?$")  # what may follow a userinfo's "@" up to the path: host[:port]
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where the userinfo of a URL (`rest`: what follows "scheme://") ends: the index of its "@",
+    or -1 when it has none."""
     end = len(rest)
     for delimiter in "?#":
         found = rest.find(delimiter)
@@ -47,21 +51,24 @@ def _userinfo(url: str) -> str:
     slash = before_query.find("/")
     authority = before_query if slash == -1 else before_query[:slash]
     at = authority.rfind("@")
+    if at != -1:
+        return at
+    # `user:pa/ss@host`, `user:pa#ss@host`, `user:pa?ss@host`: a "/", "#" or "?" in the password
+    # ends the authority early. An authority with a colon that is not a port (nor IPv6 brackets),
+    # then the first "@" whose text up to the next "/" is a host, is taken as userinfo all the same.
+    if ":" not in authority or _PORT.search(authority) or authority.startswith("["):
+        return -1
+    at = rest.find("@")
     if at == -1:
-        # `user:pa/ss@host`, `user:pa#ss@host`: a "/", "?" or "#" in the password ends the
-        # authority early; an authority with a colon that is not a port, and an "@" later on,
-        # is taken as userinfo all the same.
-        at = rest.find("@")
-        if at == -1 or ":" not in authority or _PORT.search(authority):
-            return url
-    # The userinfo runs to the last "@" before the host's "/" (a host holds no "@"; a query after
-    # it may): `user:p@ss#w@host/`.
-    while True:
-        slash = rest.find("/", at + 1)
-        later = rest.find("@", at + 1, len(rest) if slash == -1 else slash)
-        if later == -1:
-            return f"{scheme}://{MASK}@{rest[at + 1:]}"
-        at = later
+        return -1
+    slash = rest.find("/", at + 1)
+    return at if _HOST.match(rest[at + 1: len(rest) if slash == -1 else slash]) else -1
+
+
+def _userinfo(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    at = _userinfo_end(rest)
+    return url if at == -1 else f"{scheme}://{MASK}@{rest[at + 1:]}"
 
 
 def redact(text: object) -> str:
@@ -77,12 +84,15 @@ redact_url = redact  # the name the rest of the package (and its users) know
 
 
 def url_secrets(url: str) -> Tuple[str, ...]:
-    """The pieces of `url`'s userinfo (split at ":", "#", "?", "/", "@"; 3 characters or more),
-    for texts that may quote them out of context: a parser's "invalid port 'Zq9'" for
-    `user:Zq9#x@host`."""
-    redacted = _URL.sub(lambda m: _userinfo(m.group(0)), url)
-    if redacted == url or "://" not in url:
+    """The pieces of `url`'s password (split at "#", "?", "/", "@"; 3 characters or more), for
+    texts that may quote them out of context: a parser's "invalid port 'Zq9'" for
+    `user:Zq9#x@host`. (Not the user name: masking it would garble ordinary words.)"""
+    found = _URL.search(url)
+    if found is None:
         return ()
-    rest = url.partition("://")[2]
-    userinfo = rest[: len(rest) - len(redacted.partition("://")[2]) + len(MASK)]
-    return tuple(piece for piece in re.split(r"[:#?/@]", userinfo) if len(piece) >= 3)
+    rest = found.group(0).partition("://")[2]
+    at = _userinfo_end(rest)
+    if at == -1:
+        return ()
+    password = rest[:at].partition(":")[2]
+    return tuple(piece for piece in re.split(r"[#?/@]", password) if len(piece) >= 3)

@@ -52,10 +52,10 @@ def detect_input(source: str) -> str:
     if directory is not None:
         return "shards" if shard_files(directory) else "imagefolder"
     name = shard_name(source).lower()
+    if name.endswith(MANIFEST_SUFFIXES):  # (first: `captions[v2].csv` is a manifest, not a glob)
+        return "manifest"
     if "::" in source or "{" in source or name.endswith(SHARD_SUFFIXES) or needs_listing(source):
         return "shards"  # (a glob, an s3:// prefix: listed as the loader lists them)
-    if name.endswith(MANIFEST_SUFFIXES):
-        return "manifest"
     raise UsageError(
         f"cannot tell what {redact(source)!r} is: give a directory, shards (.tar, a {{..}} spec, a glob, an "
         f"s3:// prefix) or a manifest "

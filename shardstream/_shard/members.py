@@ -40,12 +40,13 @@ _told: set = set()  # shards already warned about in this process (once each, no
 def _closed(reader: TarReader, url: Optional[str]) -> List[TarMember]:
     """reader.close(), saying so when the archive ended without its end-of-archive blocks."""
     members = reader.close()
-    if reader.unterminated is not None and url not in _told and len(_told) < 10_000:
-        _told.add(url)
+    if reader.unterminated is not None and url not in _told:
+        if url is not None and len(_told) < 10_000:
+            _told.add(url)
         logger.warning(
             "%s ends at byte %d without the tar end-of-archive blocks: it may be truncated there, and its last "
             "sample may lack members (tar, tarfile and ShardWriter end every shard with them; webdataset reads such a "
-            "shard the same way)", redact_url(str(url)), reader.unterminated)
+            "shard the same way)", "a tar stream" if url is None else redact_url(url), reader.unterminated)
     return members
 
 
