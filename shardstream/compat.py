@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, List, Optional
 import yaml
 
 from . import filters, shardlists, utils
-from ._base.errors import ShardStreamError, UsageError, restore_location
+from ._base.errors import ShardStreamError, UsageError
+from ._base.worker_errors import restore_location
 from ._fetch.options import FetchOptions
 from ._resume.states import worker_view
 from ._shard.samples import TarShardSamples
