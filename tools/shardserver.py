@@ -51,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import types
 from collections import Counter
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -571,7 +572,9 @@ class ShardServer:
         self._loop.call_soon_threadsafe(self._stop.set)
         thread.join(timeout)
         if thread.is_alive():
-            raise RuntimeError(f"shardserver thread did not stop within {timeout} s")
+            frame = sys._current_frames().get(thread.ident)  # where its loop is stuck: the thing to fix
+            where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
+            raise RuntimeError(f"shardserver thread did not stop within {timeout} s; it is at:\n{where}")
 
     def __enter__(self) -> ShardServer:
         return self if self._thread is not None else self.start()
