@@ -174,7 +174,9 @@ def safe_cause(exn: Optional[BaseException], depth: int = 0, *, url: Optional[st
     return stand_in
 
 
-NOTE_PREFIX = "shardstream: "
+NOTE_PREFIX = "shardstream: "  # our notes on third-party errors (describe() shows them)
+
+
 def note_stage(exn: BaseException, stage: str, sample: object = None) -> None:
     """Add a note saying which stage raised `exn`, and on which sample (its `__key__` and
     `__url__`, when `sample` is a dict holding them): a user's map function or a `to_tuple` key
