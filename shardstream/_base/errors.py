@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, TypeVar
 
-from .redact import MASK, redact, redact_url, url_secrets
+from .redact import redact, redact_url, url_secrets
 
 __all__ = [
     "FetchError",
@@ -131,24 +131,17 @@ class RedactedCause(Exception):
     a printed traceback nor a warning shows what `redact` hides."""
 
 
-def _hide(text: str, secrets: Sequence[str]) -> str:
-    text = redact(text)
-    for secret in secrets:
-        text = text.replace(secret, MASK)
-    return text
-
-
 def _clean(exn: BaseException, secrets: Sequence[str]) -> bool:
     try:
         text, shown = str(exn), repr(exn)
     except Exception:  # noqa: BLE001 - a third party's broken __str__: stand in for it
         return False
-    return _hide(text, secrets) == text and _hide(shown, secrets) == shown
+    return redact(text, secrets) == text and redact(shown, secrets) == shown
 
 
 def _text(exn: BaseException, secrets: Sequence[str]) -> str:
     try:
-        return _hide(str(exn), secrets)
+        return redact(str(exn), secrets)
     except Exception:  # noqa: BLE001 - (as in _clean)
         return "(its message could not be shown)"
 

@@ -18,7 +18,7 @@ Redaction errs on the side of hiding: `?monkey=1` loses its value too.
 from __future__ import annotations
 
 import re
-from typing import Tuple
+from typing import Sequence, Tuple
 
 __all__ = ["redact", "redact_url", "url_secrets"]
 
@@ -71,13 +71,17 @@ def _userinfo(url: str) -> str:
     return url if at == -1 else f"{scheme}://{MASK}@{rest[at + 1:]}"
 
 
-def redact(text: object) -> str:
-    """`text` as a string with every credential it holds replaced by ***."""
+def redact(text: object, secrets: Sequence[str] = ()) -> str:
+    """`text` as a string with every credential it holds replaced by ***, and every one of
+    `secrets` (say, the pieces of a URL's password, `url_secrets`) wherever it appears."""
     result = _URL.sub(lambda m: _userinfo(m.group(0)), str(text))
     result = _ASSIGNMENT.sub(rf"\1{MASK}", result)
     result = _USER_OPTION.sub(rf"\1\2{MASK}", result)
     result = _HEADER_ITEM.sub(rf"\1{MASK}", result)
-    return _AUTH_HEADER.sub(rf"\1{MASK}", result)
+    result = _AUTH_HEADER.sub(rf"\1{MASK}", result)
+    for secret in secrets:
+        result = result.replace(secret, MASK)
+    return result
 
 
 redact_url = redact  # the name the rest of the package (and its users) know

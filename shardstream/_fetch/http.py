@@ -13,12 +13,12 @@ import re
 import time
 from email.utils import parsedate_to_datetime
 from typing import AsyncGenerator, Callable, Optional, Tuple
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import hdrs
 
-from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, redact_url, safe_cause
+from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, safe_cause
+from .._base.redact import redact, url_secrets
 from .retries import backoff_delay, log_retry, watch
 from .options import FetchOptions, note_fetch, note_size
 from .loop import get_session
@@ -38,25 +38,11 @@ class _Retry(Exception):
         self.error, self.retry_after = error, retry_after
 
 
-def _scrub(text: str, url: str) -> str:
-    """`text` (say, a third-party message) with the URL's credentials replaced by ***."""
-    redacted = redact_url(url)
-    text = text.replace(url, redacted)
-    parts, safe = urlsplit(url), urlsplit(redacted)
-    if parts.password:
-        text = text.replace(f"{parts.username}:{parts.password}@", "***@")
-        if len(parts.password) >= 4:  # shorter ones would match ordinary words
-            text = text.replace(parts.password, "***")
-    if parts.query and parts.query != safe.query:
-        text = text.replace(parts.query, safe.query)
-    return text
-
-
 def translate_error(exc: BaseException, url: str, offset: int) -> Tuple[FetchError, bool]:
     """Map an aiohttp / OS / timeout error to (error in our tree, whether a retry may help)."""
     if isinstance(exc, FetchError):
         return exc, isinstance(exc, (NetworkError, FetchTimeout))
-    detail = _scrub(f"{type(exc).__name__}: {exc}", url)
+    detail = redact(f"{type(exc).__name__}: {exc}", url_secrets(url))  # a third party's text
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):  # before OSError: some are both
         message = f"timed out (no data within the stall/connect timeout): {detail}"
         return FetchTimeout(message, url=url, offset=offset), True
