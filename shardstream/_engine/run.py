@@ -23,7 +23,8 @@ from .channel import END, Channel, Failure, Stopped
 from .config import EngineConfig
 from .pool import get_pool
 from .._base.counters import Counters
-from .segments import STOP, Segment, note_stage, run_task, split_segments, tracked
+from .._base.errors import note_stage
+from .segments import STOP, Segment, run_task, split_segments, tracked
 from .stats import PipelineStats, StageStats
 
 __all__ = ["EngineIterator"]

@@ -10,7 +10,7 @@ from .._base.errors import note_stage
 from .._stages.contract import DROP, SampleStage
 from .stats import StageStats
 
-__all__ = ["STOP", "Segment", "note_stage", "run_task", "split_segments", "stage_name", "tracked"]
+__all__ = ["STOP", "Segment", "run_task", "split_segments", "stage_name", "tracked"]
 
 STOP: Any = object()  # a handler asked to stop the stream: end it after the items before
 

@@ -152,6 +152,11 @@ def _context(name: Optional[str]) -> Any:
     return ctx
 
 
+def _drain(queue: collections.deque) -> list:
+    """Everything in `queue` now (other threads may append meanwhile: those stay)."""
+    return [queue.popleft() for _ in range(len(queue))]
+
+
 class _Link:
     """The parent's end of one helper: process, pipe, and the segments still to clean up.
     Its `shutdown` is the iterator's finalizer, so it must not refer to the iterator."""
@@ -208,9 +213,7 @@ class _Link:
 
     def credit(self) -> None:
         """One more item may come; with it, the segments this process is done with go back."""
-        done_with, not_again = self.done_with, self.not_again
-        names = [done_with.popleft() for _ in range(len(done_with))]
-        discards = [not_again.popleft() for _ in range(len(not_again))]
+        names, discards = _drain(self.done_with), _drain(self.not_again)
         try:
             self.conn.send(("credit", names, discards) if names or discards else "credit")
         except OSError:

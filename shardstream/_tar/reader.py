@@ -172,8 +172,10 @@ class TarReader:
                 if not members:
                     raise
                 return members  # the error is raised by the next call (self._error)
-            if self._finished and self._tail_at + len(self._tail_partial) >= self._tail_stop:
-                inflater.last_member = True  # past the end, scanned as far as uncompressed shards are
+            if self._finished:  # a member after the archive is read only for the tail scan,
+                inflater.tail_only = True  # and no further than uncompressed shards are scanned
+                if self._tail_at + len(self._tail_partial) >= self._tail_stop:
+                    inflater.last_member = True
             if not inflater.pending or inflater.error is not None or self._error is not None:
                 break
             data = b""
@@ -352,10 +354,6 @@ class TarReader:
         if self._finished:
             self._buf, self._pos, self._base = b"", 0, base + pos  # keep offset, free the buffer
             self._stalled = None
-            if self._inflater is not None:
-                self._inflater.tail_only = True  # a member after it is read for the tail scan only
-                if self._tail_at + len(self._tail_partial) >= self._tail_stop:
-                    self._inflater.last_member = True
         return out
 
     def _step(self, buf: bytes, pos: int, out: List[TarMember]) -> int:
