@@ -223,5 +223,5 @@ def __getattr__(name: str):
     import importlib
 
     if name in ("tenbin", "pytorch"):
-        return importlib.import_module("shardstream.tenbin" if name == "tenbin" else "shardstream._base.lazytorch")
+        return importlib.import_module(f"shardstream.{name}")
     raise AttributeError(f"module 'shardstream' has no attribute {name!r}")

@@ -19,7 +19,7 @@ SUBMODULES = {
     "handlers": "handlers",
     "mix": "mix",
     "pipeline": "pipeline",
-    "pytorch": "_base.lazytorch",
+    "pytorch": "pytorch",
     "shardlists": "shardlists",
     "tariterators": "tariterators",
     "tenbin": "tenbin",

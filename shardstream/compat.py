@@ -16,8 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 import yaml
 
 from . import filters, shardlists, utils
-from ._base.errors import ShardStreamError, UsageError
-from ._base.worker_errors import restore_location
+from ._base.errors import UsageError
 from ._fetch.options import FetchOptions
 from ._resume.states import worker_view
 from ._shard.samples import TarShardSamples
@@ -385,19 +384,15 @@ class WebLoader(DataPipeline, FluidInterface):
                 positions[worker] = entry.position
                 yield entry.item
 
-        try:
-            for item in src:
-                if not isinstance(item, Tagged):
-                    yield item
-                    continue
-                if item.item is WORKER_END:
-                    ended[item.worker] = item.count
-                else:
-                    pending[item.worker][item.count] = item
-                yield from ready()
-        except ShardStreamError as exn:  # rebuilt by torch from a worker's text: its url, member, offset again
-            restore_location(exn)
-            raise
+        for item in src:
+            if not isinstance(item, Tagged):
+                yield item
+                continue
+            if item.item is WORKER_END:
+                ended[item.worker] = item.count
+            else:
+                pending[item.worker][item.count] = item
+            yield from ready()
 
     def iterator1(self, position=None, track=False, resumed=False):
         if isinstance(self._dataset, DataPipeline) and getattr(self.pipeline[0], "num_workers", 0) > 0:

@@ -114,10 +114,17 @@ def test_submodules_webdataset_reaches_as_attributes_are_here_too():
     import subprocess
     import sys
 
-    code = ("import sys, webdataset, shardstream as wds\n"
+    code = ("import sys, shardstream as wds\n"
+            "assert wds.tenbin.encode_buffer and wds.pytorch and 'torch' not in sys.modules\n"
+            "import webdataset\n"
             "for name in ('tenbin', 'pytorch'):\n"
             "    assert hasattr(webdataset, name) and hasattr(wds, name), name\n"
-            "assert wds.tenbin.encode_buffer and wds.pytorch.IterableDataset\n"
+            "import torch.utils.data, webdataset.pytorch as real\n"
+            "assert wds.pytorch.DataLoader is real.DataLoader is torch.utils.data.DataLoader\n"
+            "assert wds.pytorch.IterableDataset is real.IterableDataset is torch.utils.data.IterableDataset\n"
+            "assert wds.pytorch.TorchTensor is real.TorchTensor is torch.Tensor\n"
+            "from shardstream.pytorch import DataLoader\n"
+            "assert DataLoader is torch.utils.data.DataLoader\n"
             )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -7,7 +7,9 @@ translated into this tree in one place per layer, at the boundary.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, TypeVar
+import json
+import re
+from typing import Any, Dict, Optional, Sequence, TypeVar
 
 from .redact import redact, redact_url, url_secrets
 
@@ -25,6 +27,7 @@ __all__ = [
     "notes_state",
     "redact_url",
     "safe_cause",
+    "worker_where",
 ]
 
 _E = TypeVar("_E", bound="ShardStreamError")
@@ -47,6 +50,10 @@ class ShardStreamError(Exception):
         member: Optional[str] = None,
         offset: Optional[int] = None,
     ) -> None:
+        if url is None and member is None and offset is None:  # torch rebuilding a worker's error?
+            where = worker_where(message)
+            if where is not None:
+                url, member, offset = where.get("url"), where.get("member"), where.get("offset")
         # (a third-party message may quote the URL, decoded: a signed URL's %2F as "/")
         self.message = redact_url(message)
         self.url = None if url is None else redact_url(url)
@@ -82,6 +89,24 @@ class ShardStreamError(Exception):
 
     def __reduce__(self):  # keep location fields across pickling (DataLoader worker -> main)
         return (_rebuild, (type(self), self.message, self.url, self.member, self.offset), notes_state(self))
+
+
+WHERE_NOTE = "shardstream-where: "  # a DataLoader worker's note on its error: where, as JSON
+_WHERE_LINE = re.compile(rf"^{WHERE_NOTE}(\{{.*\}})$", re.MULTILINE)
+
+
+def worker_where(text: object) -> Optional[Dict[str, Any]]:
+    """The location a DataLoader worker noted on its error (`mark_location`), read back from the
+    text torch's DataLoader rebuilds the error from (`type(exn)(text)`, the worker's traceback with
+    its notes): None when `text` holds no such note."""
+    if not isinstance(text, str) or WHERE_NOTE not in text:
+        return None
+    found = _WHERE_LINE.search(text)
+    try:
+        where = json.loads(found.group(1)) if found is not None else None
+    except ValueError:
+        return None
+    return where if isinstance(where, dict) else None
 
 
 def notes_state(exn: BaseException) -> Optional[dict]:

@@ -20,6 +20,7 @@ __all__ = [
     "dataloader_class",
     "is_dataloader",
     "is_iterable_dataset",
+    "in_worker",
     "is_tensor",
     "torch_if_imported",
     "worker_info",
@@ -126,6 +127,12 @@ def worker_info() -> Tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
+def in_worker() -> bool:
+    """Whether this runs in a torch DataLoader worker process."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
 def DataLoader(*args: Any, **kwargs: Any) -> Any:
     """torch's DataLoader (imports torch)."""
     try:
@@ -134,10 +141,3 @@ def DataLoader(*args: Any, **kwargs: Any) -> Any:
         raise ModuleNotFoundError("WebLoader needs torch: pip install 'shardstream[torch]'") from exn
     return TorchDataLoader(*args, **kwargs)
 
-
-def __getattr__(name: str) -> Any:
-    if name == "TorchTensor":  # webdataset.pytorch's name for torch.Tensor
-        import torch
-
-        return torch.Tensor
-    raise AttributeError(name)

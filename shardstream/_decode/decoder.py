@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .audio import AudioHandler
 from .basic import basichandlers, pickle_setting
-from .._base.errors import ShardStreamError, UsageError, notes_state
+from .._base.errors import ShardStreamError, UsageError, notes_state, worker_where
 from .fusedimage import FusedImageHandler
 from .image import (
     IMAGE_EXTENSIONS,
@@ -140,14 +140,17 @@ class DecodingError(ShardStreamError):
     def __init__(
         self, url: Any = None, key: Any = None, k: Any = None, sample: Any = None, reason: Any = None
     ) -> None:
+        where = worker_where(url) if key is None and k is None else None
+        if where is not None:  # torch rebuilding a worker's error from its text: DecodingError(text)
+            message, url = url, where.get("url")
+            key, k, reason = where.get("key"), where.get("k"), where.get("reason")
         self.key, self.k, self.sample, self.reason = key, k, sample, reason
         member = f"{key}.{k}" if key is not None and k is not None else k
-        message = f"cannot decode field {k!r} of sample {key!r}"
-        super().__init__(
-            message if reason is None else f"{message}: {reason}",
-            url=None if url is None else str(url),
-            member=member,
-        )
+        if where is None:
+            message = f"cannot decode field {k!r} of sample {key!r}"
+            message = message if reason is None else f"{message}: {reason}"
+        super().__init__(message, url=None if url is None else str(url), member=member,
+                         offset=None if where is None else where.get("offset"))
 
     def __reduce__(self):  # the sample can be large or unpicklable: leave it behind
         return (DecodingError, (self.url, self.key, self.k, None, self.reason), notes_state(self))

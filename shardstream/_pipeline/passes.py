@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterator, List, Optional, Sequence
 
 from .._base.errors import ShardStreamError, UsageError
+from .._base.lazytorch import in_worker
 from .._base.worker_errors import mark_location
 from .._engine.run import EngineIterator
 from .._engine.stats import PipelineStats
@@ -116,7 +117,12 @@ class PipelineIterator:
                 ) from None
             self._skip -= 1
         if self._tag is None:
-            return self._next_item()
+            try:
+                return self._next_item()
+            except ShardStreamError as exn:  # a plain DataLoader's worker: torch keeps only its text
+                if in_worker():
+                    mark_location(exn)
+                raise
         if self._tag < 0:
             raise StopIteration
         try:
