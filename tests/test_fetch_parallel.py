@@ -313,6 +313,40 @@ def test_a_registered_scheme_reaches_the_loader_gopen_and_the_cli(tmp_path, caps
         register_fetcher("vault", previous)
 
 
+def test_a_server_that_ignores_if_range_is_asked_again_without_it(tmp_path):
+    """A server that answers every If-Range request with its whole body (a 200 with the same
+    ETag, where RFC 9110 wants a 206) once had every part read the object from byte 0 up to its
+    own range. The part asks again without If-Range, and the other parts learn it."""
+    import shardstream as wds
+    from shardsets import write_tar
+
+    path = write_tar(str(tmp_path / "a.tar"), [(f"s{i:04d}.bin", bytes([i]) * 4096) for i in range(256)])
+    body, etag = Path(path).read_bytes(), '"v1"'
+    requests = []
+
+    async def handle(request):
+        ranged, if_range = request.headers.get("Range"), request.headers.get("If-Range")
+        requests.append((ranged, if_range))
+        if ranged is None or if_range is not None:
+            return web.Response(body=body, headers={"ETag": etag})
+        first, last = ranged[6:].split("-")
+        first, last = int(first), min(int(last or len(body) - 1), len(body) - 1)
+        return web.Response(status=206, body=body[first:last + 1], headers={
+            "ETag": etag, "Content-Range": f"bytes {first}-{last}/{len(body)}"})
+
+    runner, url = serve_app(handle)
+    try:
+        options = FetchOptions(parallel_parts=4, part_size=64 << 10, retries=0)
+        got = [s["bin"] for s in wds.WebDataset(url.replace(".bin", ".tar"), shardshuffle=False, fetch_options=options)]
+        assert got == [bytes([i]) * 4096 for i in range(256)]
+        parts = -(-len(body) // (64 << 10))
+        asked = [r for r in requests if r[0] is not None]
+        assert len(asked) >= parts > 8, requests
+        assert 1 <= sum(1 for _r, if_range in asked if if_range) <= 4, requests  # those in flight at once, at most
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
 def test_an_object_replaced_mid_download_is_an_error_not_two_versions_spliced(tmp_path):
     """Every part of a parted download asks for the object the first response described (its
     ETag, in If-Range) and refuses another: an object replaced between parts (same size, new

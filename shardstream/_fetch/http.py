@@ -30,6 +30,10 @@ _RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.ASCII)
 
 
+class _Again(Exception):
+    """Ask again at once, without counting a failure: the server ignored our If-Range."""
+
+
 class _Retry(Exception):
     """An attempt failed in a way worth retrying; `error` is what to raise if retries run out."""
 
@@ -81,6 +85,8 @@ class _Transfer:
         self.response_end: Optional[int] = None  # where the current response's body ends
         self.etag: Optional[str] = None
         self.last_modified: Optional[str] = None
+        self.if_range = True  # False once the server answered a ranged If-Range request with its whole body
+        self.sent_validator: Optional[str] = None  # the If-Range of the request in flight
 
     @property
     def complete(self) -> bool:
@@ -96,8 +102,9 @@ class _Transfer:
         # If-Range wants a strong validator; a server that honours it answers 200 with the new
         # object when ours changed, which `accept` then refuses.
         validator = self.etag if self.etag and not self.etag.startswith("W/") else self.last_modified
-        if validator:
-            headers[hdrs.IF_RANGE] = validator
+        self.sent_validator = validator if self.if_range else None
+        if self.sent_validator:
+            headers[hdrs.IF_RANGE] = self.sent_validator
         return headers
 
     def error(self, message: str, cls: type = FetchError) -> FetchError:
@@ -128,6 +135,13 @@ class _Transfer:
         self._check_same_object(resp)
         if status == 206:
             return self._accept_partial(resp)
+        if self.sent_validator and self.received and self.sent_validator in (
+                resp.headers.get(hdrs.ETAG), resp.headers.get(hdrs.LAST_MODIFIED)):
+            # The object we asked for, whole: the server does not honour If-Range (RFC 9110 wants
+            # a 206 when the validator matches). Ask for the range again without it: every response
+            # is still checked against the object's validator, and the whole body is not read.
+            self.if_range = False
+            raise _Again()
         length = resp.content_length
         if length is not None:
             self._set_total(length, exact=False)
@@ -174,14 +188,19 @@ def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
 
 
 def _same_object(transfer: _Transfer, identity: Optional[dict]) -> None:
-    """A part of a parted download holds the validator the first response of any part gave."""
+    """A part of a parted download holds the validator the first response of any part gave, and
+    stops sending If-Range once any part found that the server does not honour it."""
     if identity and transfer.etag is None and transfer.last_modified is None:
         transfer.etag, transfer.last_modified = identity["etag"], identity["last_modified"]
+    if identity and not identity["if_range"]:
+        transfer.if_range = False
 
 
 def _learn_object(transfer: _Transfer, identity: Optional[dict]) -> None:
     if identity is not None and not identity:
-        identity.update(etag=transfer.etag, last_modified=transfer.last_modified)
+        identity.update(etag=transfer.etag, last_modified=transfer.last_modified, if_range=True)
+    if identity and not transfer.if_range:
+        identity["if_range"] = False
 
 
 async def http_stream(
@@ -252,6 +271,9 @@ async def http_stream(
                     continue  # a server that sends large objects in parts (206 short of the total)
                 short = f"body ended early ({transfer.received} of {transfer.total} bytes)"
                 raise _Retry(transfer.error(short, NetworkError))
+            except _Again:
+                _learn_object(transfer, identity)
+                continue
             except _Retry as retry:
                 error, retry_after = retry.error, retry.retry_after
             except Exception as exc:  # noqa: BLE001 - translated in one place, then retried or raised
