@@ -28,6 +28,7 @@ from ._base.errors import (
     UsageError,
 )
 from ._fetch.options import FetchOptions
+from ._fetch.registry import register_fetcher
 from ._fetch.open import allow_pipe
 from ._resume.states import gather_states
 from ._shard.samples import TarShardSamples
@@ -181,6 +182,7 @@ __all__ = [
     "pipeline",
     "pipelinefilter",
     "pytorch_weights_only",
+    "register_fetcher",
     "rename",
     "rename_keys",
     "repeatedly",

@@ -520,3 +520,46 @@ def test_a_mapped_hit_opened_mid_shard_checks_from_the_block_holding_its_start(t
     changed = bytes([data[0] ^ 1]) + data[1:]
     with pytest.raises(CorruptCacheFile, match="differs"):
         b"".join(cache.reread(url, Origin(changed), info.value))
+
+
+@pytest.mark.parametrize("cut", ["member-boundary", "mid-member"])
+@pytest.mark.parametrize("members", [4, 12])  # (under one tee batch of 1 MiB, and over three)
+def test_a_shard_cut_short_without_an_error_is_read_but_not_cached(tmp_path, caplog, cut, members):
+    """A body cut short that its transport cannot tell from a whole one (a close-delimited HTTP
+    body, a fetcher that stops early) was committed to the cache: every later pass read the cut
+    copy from it, although the origin had the whole shard again. Now a plain tar whose last
+    block is not zero reads to its end (or its error) and is not kept."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(members):
+            info = tarfile.TarInfo(f"s{i:04d}.bin")
+            info.size = 300_000
+            tar.addfile(info, io.BytesIO(bytes([i]) * info.size))
+    whole = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        boundary = tar.getmembers()[-1].offset  # the last member's header: a cut at a member boundary
+    blobs = {"cutvault://b/a.tar": whole[:boundary] if cut == "member-boundary" else whole[: boundary - 1000]}
+    fetched = []
+
+    async def fetch(url, *, options, start=0):
+        fetched.append(url)
+        yield blobs[url][start:]
+
+    previous = wds.register_fetcher("cutvault", fetch)
+    try:
+        def keys():
+            dataset = wds.WebDataset("cutvault://b/a.tar", shardshuffle=False, cache_dir=str(tmp_path))
+            return [s["__key__"] for s in dataset]
+
+        with caplog.at_level(logging.WARNING):
+            if cut == "member-boundary":
+                assert keys() == [f"s{i:04d}" for i in range(members - 1)]
+            else:
+                with pytest.raises(wds.FormatError, match="truncated"):
+                    keys()
+        assert any("not cached" in r.getMessage() and "cutvault://b/a.tar" in r.getMessage() for r in caplog.records)
+        blobs["cutvault://b/a.tar"] = whole  # the origin whole again: read from it, then cached
+        assert keys() == [f"s{i:04d}" for i in range(members)] and len(fetched) == 2
+        assert keys() == [f"s{i:04d}" for i in range(members)] and len(fetched) == 2  # a hit
+    finally:
+        wds.register_fetcher("cutvault", previous)

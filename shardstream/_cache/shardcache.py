@@ -23,6 +23,7 @@ import threading
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from .._base.errors import UsageError, redact_url
+from .._tar.headers import header_checksum_ok
 from .check import CorruptCacheFile, Resume, VerifiedFile
 from .claims import ClaimsAhead, release_claims
 from .share import follow
@@ -39,6 +40,8 @@ _REREADS = 3  # copies tried in one stream before a corrupt one is an error (a f
 # Chunks are handed to the writers (and counted) a MiB at a time, or a disk writer's block if
 # smaller: one lock and one wake-up check per MiB on the reader's thread, not per network chunk.
 TEE_BYTES = 1 << 20
+BLOCK = 512  # a tar block
+ZERO_BLOCK = bytes(BLOCK)
 
 OpenOrigin = Callable[[str], Iterable[bytes]]
 
@@ -281,7 +284,7 @@ class ShardCache(ClaimsAhead):
                     if writer is not None:
                         writers.append(writer)
             try:
-                yield from self._pump(chunks, self.origin, writers, resume, claims)
+                yield from self._pump(chunks, self.origin, writers, resume, claims, origin=url)
             except CorruptCacheFile:
                 raise
             except Exception as exn:
@@ -327,9 +330,12 @@ class ShardCache(ClaimsAhead):
 
     @staticmethod
     def _pump(chunks: Iterable[bytes], counters: TierCounters, writers: List, resume: Optional[Resume] = None,
-              claims: Optional[Dict[str, object]] = None):
+              claims: Optional[Dict[str, object]] = None, origin: Optional[str] = None):
         """Hand each chunk to the consumer (after `resume` dropped what was delivered before) and,
-        a MiB at a time, to every writer; commit only a complete stream.
+        a MiB at a time, to every writer; commit only a complete stream. A stream from the
+        `origin` URL that is a plain tar must end in a zero block (tar's end of archive): a body
+        cut short that its transport could not tell from a whole one (no length) reads to its
+        end, but is not kept.
 
         The commits run on the writers' threads (`commit_soon`): the consumer goes on to its next
         shard without waiting for the last block's write and the rename. `claims` (emptied here)
@@ -339,6 +345,7 @@ class ShardCache(ClaimsAhead):
         batch: List[bytes] = []  # chunks not yet handed to the writers, `pending` bytes
         pending = counted = 0  # (counted: bytes delivered and not yet in `counters`)
         reserved = False  # (whether the writers were told the shard's size)
+        edges = _Edges() if origin is not None else None
         # (at most a block: a follower in another process waits for whole blocks, no longer)
         tee_bytes = min([TEE_BYTES, *(getattr(writer, "block_size", TEE_BYTES) for writer in writers)])
         try:
@@ -349,6 +356,8 @@ class ShardCache(ClaimsAhead):
                     batch.append(chunk if type(chunk) is bytes else bytes(chunk))
                     pending += size
                     if pending >= tee_bytes:
+                        if edges is not None:
+                            edges.add(batch)
                         if not reserved:  # (the origin has said its size by now, when it says it)
                             reserved = True
                             _reserve(writers, getattr(chunks, "size", None))
@@ -368,9 +377,11 @@ class ShardCache(ClaimsAhead):
             if resume is not None and resume.left:
                 resume.check_done()  # the copy is shorter than what was delivered: raises
             if batch:
+                if edges is not None:
+                    edges.add(batch)
                 for writer in writers:
                     writer.write_many(batch, pending)
-            complete = True
+            complete = edges is None or not writers or edges.whole(origin)
         except CorruptCacheFile:
             raise
         except Exception:
@@ -437,6 +448,38 @@ class ShardCache(ClaimsAhead):
 
     def __setstate__(self, state) -> None:
         ShardCache.__init__(self, state["tiers"])
+
+
+class _Edges:
+    """The first and the last block of a stream, taken from the batches handed to the writers
+    (a few slices per MiB): a plain tar whose last block is not zero ended short of its end of
+    archive (tar writers end with two zero blocks; the reader, after a member, warns of it)."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.tail = b""
+
+    def add(self, batch: List[bytes]) -> None:
+        for chunk in batch:
+            if len(self.head) >= BLOCK:
+                break
+            self.head += chunk[: BLOCK - len(self.head)]
+        end = b""
+        for chunk in reversed(batch):
+            end = chunk[-(BLOCK - len(end)):] + end
+            if len(end) >= BLOCK:
+                break
+        self.tail = (self.tail + end)[-BLOCK:]
+
+    def whole(self, url: Optional[str]) -> bool:
+        """Whether the stream may be kept; a WARNING naming `url` when not."""
+        if len(self.head) < BLOCK or self.head == ZERO_BLOCK or not header_checksum_ok(self.head):
+            return True  # not a plain tar (gzip, other data): its own reader judges it
+        if self.tail == ZERO_BLOCK:
+            return True
+        logger.warning("not cached: %s is a tar whose last block is not its end of archive (a download cut "
+                       "short?); it is read from the origin again next time", redact_url(str(url)))
+        return False
 
 
 def _raise_unreplaced(failure: Optional[CorruptCacheFile], exn: Exception) -> None:
