@@ -26,7 +26,7 @@ from ._stages.resumable import declare, traits
 from ._resume.statecheck import STATE_FORMAT, fingerprint
 from ._stages.stream_filters import SeededShuffle, ShardShuffle, check_batchsize
 from ._loader.subprocess import SubprocessLoader
-from ._base.lazytorch import DataLoader
+from ._base.lazytorch import DataLoader, release_workers
 from .filters import pipelinefilter
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
@@ -384,15 +384,19 @@ class WebLoader(DataPipeline, FluidInterface):
                 positions[worker] = entry.position
                 yield entry.item
 
-        for item in src:
-            if not isinstance(item, Tagged):
-                yield item
-                continue
-            if item.item is WORKER_END:
-                ended[item.worker] = item.count
-            else:
-                pending[item.worker][item.count] = item
-            yield from ready()
+        try:
+            for item in src:
+                if not isinstance(item, Tagged):
+                    yield item
+                    continue
+                if item.item is WORKER_END:
+                    ended[item.worker] = item.count
+                else:
+                    pending[item.worker][item.count] = item
+                yield from ready()
+        except BaseException:  # a worker's error (or a consumer that stopped): its workers go now
+            release_workers(src)
+            raise
 
     def iterator1(self, position=None, track=False, resumed=False):
         if isinstance(self._dataset, DataPipeline) and getattr(self.pipeline[0], "num_workers", 0) > 0:

@@ -168,11 +168,19 @@ def test_an_error_from_a_dataloader_worker_keeps_its_location(tmp_path):
     bad.write_bytes(raw[: len(raw) // 2 + 100])
     from torch.utils.data import DataLoader
 
+    def drain(loader):
+        it = iter(loader)
+        try:
+            for _ in it:
+                pass
+        finally:  # torch's own iterator leaves its workers to a garbage collection (see below)
+            getattr(it, "_shutdown_workers", lambda: None)()
+
     seen = {}
     for loader, workers in ((wds.WebLoader, 0), (wds.WebLoader, 2), (DataLoader, 2)):
         dataset = wds.WebDataset([good, str(bad)], shardshuffle=False).to_tuple("__key__")
         with pytest.raises(wds.FormatError) as caught:
-            list(loader(dataset, num_workers=workers, batch_size=None))
+            drain(loader(dataset, num_workers=workers, batch_size=None))
         assert "Caught FormatError in DataLoader worker" in str(caught.value) or not workers  # torch rebuilt it
         seen[loader, workers] = (caught.value.url, caught.value.member, caught.value.offset)
     assert len(set(seen.values())) == 1, seen
@@ -182,7 +190,29 @@ def test_an_error_from_a_dataloader_worker_keeps_its_location(tmp_path):
     decoded = {}
     for loader, workers in ((wds.WebLoader, 0), (wds.WebLoader, 1), (DataLoader, 1)):
         with pytest.raises(wds.DecodingError) as caught:
-            list(loader(wds.WebDataset(badjson, shardshuffle=False).decode(), batch_size=None, num_workers=workers))
+            drain(loader(wds.WebDataset(badjson, shardshuffle=False).decode(), batch_size=None, num_workers=workers))
         error = caught.value
         decoded[loader, workers] = (error.url, error.member, error.key, error.k)
     assert set(decoded.values()) == {(badjson, "s0001.json", "s0001", "json")}, decoded
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_webloader_whose_worker_failed_lets_its_workers_go_at_once(tmp_path, batch_size):
+    """torch shuts its workers down when its iterator ends, not when it re-raises a worker's
+    error; the re-raise leaves the iterator in a reference cycle, so they lived on until a garbage
+    collection, whose finalizer then held the thread it ran in ~5 s (in the test suite: an HTTP
+    server's event loop, which answered nothing for 10 s). WebLoader lets them go as it raises."""
+    import gc
+    import multiprocessing
+
+    good = write_tar(str(tmp_path / "good.tar"), [m for i in range(3) for m in sample_members(i)])
+    raw = open(write_tar(str(tmp_path / "whole.tar"), [m for i in range(9) for m in sample_members(i)]), "rb").read()
+    (tmp_path / "cut.tar").write_bytes(raw[: len(raw) // 2 + 100])
+    dataset = wds.WebDataset([good, str(tmp_path / "cut.tar")], shardshuffle=False).to_tuple("__key__")
+    gc.disable()  # (the cycle stays uncollected, as it does between a program's collections)
+    try:
+        with pytest.raises(wds.FormatError):
+            list(wds.WebLoader(dataset, num_workers=2, batch_size=batch_size))
+        assert multiprocessing.active_children() == []  # (it joins the finished ones)
+    finally:
+        gc.enable()
