@@ -313,6 +313,14 @@ def test_a_registered_scheme_reaches_the_loader_gopen_and_the_cli(tmp_path, caps
         register_fetcher("vault", previous)
 
 
+def _partial(body: bytes, ranged: str, etag: str) -> web.Response:
+    """A 206 for `Range: bytes=first-[last]` of `body`, with its ETag."""
+    first, last = ranged[6:].split("-")
+    first, last = int(first), min(int(last or len(body) - 1), len(body) - 1)
+    return web.Response(status=206, body=body[first:last + 1], headers={
+        "ETag": etag, "Content-Range": f"bytes {first}-{last}/{len(body)}"})
+
+
 def test_a_server_that_ignores_if_range_is_asked_again_without_it(tmp_path):
     """A server that answers every If-Range request with its whole body (a 200 with the same
     ETag, where RFC 9110 wants a 206) once had every part read the object from byte 0 up to its
@@ -329,10 +337,7 @@ def test_a_server_that_ignores_if_range_is_asked_again_without_it(tmp_path):
         requests.append((ranged, if_range))
         if ranged is None or if_range is not None:
             return web.Response(body=body, headers={"ETag": etag})
-        first, last = ranged[6:].split("-")
-        first, last = int(first), min(int(last or len(body) - 1), len(body) - 1)
-        return web.Response(status=206, body=body[first:last + 1], headers={
-            "ETag": etag, "Content-Range": f"bytes {first}-{last}/{len(body)}"})
+        return _partial(body, ranged, etag)
 
     runner, url = serve_app(handle)
     try:
@@ -367,10 +372,7 @@ def test_an_object_replaced_mid_download_is_an_error_not_two_versions_spliced(tm
         ranged = request.headers.get("Range")
         if ranged is None or request.headers.get("If-Range", etag) != etag:
             return web.Response(body=body, headers={"ETag": etag})
-        first, last = ranged[6:].split("-")
-        first, last = int(first), min(int(last or len(body) - 1), len(body) - 1)
-        return web.Response(status=206, body=body[first:last + 1], headers={
-            "ETag": etag, "Content-Range": f"bytes {first}-{last}/{len(body)}"})
+        return _partial(body, ranged, etag)
 
     runner, url = serve_app(handle)
     try:
