@@ -309,6 +309,9 @@ class _Untag:
             raise UsageError("this WebLoader stage belongs to a loader that no longer exists")
         return loader._untag(src)
 
+    def __reduce__(self):  # a copy (deepcopy, pickle) of the loader holds its own copy's stage
+        return (_Untag, (self._loader(),))
+
 
 class WebLoader(DataPipeline, FluidInterface):
     """A torch DataLoader with the fluid methods (`.unbatched().shuffle().batched()`).

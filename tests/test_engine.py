@@ -237,6 +237,18 @@ def test_a_webloader_with_persistent_workers_lets_them_go_when_it_goes(shardset)
         gc.enable()
 
 
+def test_a_deep_copy_of_a_webloader_keeps_its_own_count(shardset):
+    """The stage that counts a WebLoader's items holds its loader weakly (above); a deep copy's
+    stage holds the copy, as the bound method it replaced did, not the original."""
+    import copy
+
+    loader = wds.WebLoader(wds.WebDataset(shardset, shardshuffle=False).to_tuple("__key__"), batch_size=None)
+    clone = copy.deepcopy(loader)
+    count = len(list(clone))
+    assert count > 0 and clone.state_dict()["per_worker"] == {"0": count}
+    assert loader.state_dict()["per_worker"] == {}  # the original has handed out nothing
+
+
 def _one_core(_worker_id):
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
