@@ -366,11 +366,14 @@ class WebLoader(DataPipeline, FluidInterface):
             it.credit(int(self._pending.get("loader_delivered") or 0))
         return it
 
-    def compose(self, *args):
-        """A copy with more stages after the loader; it keeps its own resume bookkeeping."""
-        result = super().compose(*args)
+    def __copy__(self) -> "WebLoader":
+        """A shallow copy (`compose`, `with_engine`, `copy.copy`) that keeps its own resume
+        bookkeeping: its own stage list, whose untag stage serves the copy."""
+        result = type(self).__new__(type(self))
+        result.__dict__.update(self.__dict__)
+        result.pipeline = list(self.pipeline)
+        result.pipeline[1] = _Untag(result)
         result._consumed, result._positions = {}, {}
-        result.pipeline[1] = _Untag(result)  # the copy's, which is the one resumed
         return result
 
     def _untag(self, src):

@@ -216,3 +216,37 @@ def test_a_webloader_whose_worker_failed_lets_its_workers_go_at_once(tmp_path, b
         assert multiprocessing.active_children() == []  # (it joins the finished ones)
     finally:
         gc.enable()
+
+
+def _corrupt(sample):
+    from shardstream._cache.check import CorruptCacheFile
+
+    raise CorruptCacheFile("block 3 failed its digest", cache_path="/cache/x.tar", url="http://h/x.tar",
+                           reason="digest mismatch")
+
+
+def test_location_notes_are_read_back_only_from_torch_text_and_the_last_one_wins(tmp_path):
+    """The location note is read back only from the text torch rebuilds a worker's error from,
+    and from the error's own note (torch prints its causes first); an error whose class takes
+    more than a message (CorruptCacheFile) is rebuilt by torch too, with its cache path."""
+    from torch.utils.data import DataLoader
+
+    note = 'shardstream-where: {"url": "http://elsewhere/x.tar", "member": "m", "offset": 7}'
+    assert wds.UsageError(f"bad option\n{note}").url is None  # not torch's text: nothing read
+    text = ("Caught FormatError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+            '  ...\nshardstream._base.errors.FormatError: inner\nshardstream-where: {"url": "http://a/inner.tar", '
+            '"member": "i.bin", "offset": 1}\n\nThe above exception was the direct cause of the following exception:\n'
+            '  ...\nshardstream._base.errors.FormatError: outer\nshardstream-where: {"url": "http://b/outer.tar", '
+            '"member": "o.bin", "offset": 2}\n')
+    rebuilt = wds.FormatError(text)
+    assert (rebuilt.url, rebuilt.member, rebuilt.offset) == ("http://b/outer.tar", "o.bin", 2)
+    good = write_tar(str(tmp_path / "good.tar"), [m for i in range(3) for m in sample_members(i)])
+    it = iter(DataLoader(wds.WebDataset(good, shardshuffle=False).map(_corrupt), batch_size=None, num_workers=1))
+    try:
+        with pytest.raises(wds.FetchError) as caught:
+            next(it)
+    finally:
+        it._shutdown_workers()
+    error = caught.value
+    assert type(error).__name__ == "CorruptCacheFile" and "Caught CorruptCacheFile" in str(error)
+    assert (error.url, error.cache_path, error.reason) == ("http://h/x.tar", "/cache/x.tar", "digest mismatch")

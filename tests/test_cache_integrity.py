@@ -7,6 +7,7 @@ and the block digest."""
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import io
 import json
@@ -522,23 +523,43 @@ def test_a_mapped_hit_opened_mid_shard_checks_from_the_block_holding_its_start(t
         b"".join(cache.reread(url, Origin(changed), info.value))
 
 
-@pytest.mark.parametrize("cut", ["member-boundary", "mid-member"])
+def _cut_tar(members: int, zero_data: bool = False) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(members):
+            info = tarfile.TarInfo(f"{'long-' * 30 if i == 1 else ''}s{i:04d}.bin")  # (a PAX path record)
+            info.size = 300_000
+            tar.addfile(info, io.BytesIO(bytes([0 if zero_data else i]) * info.size))
+        link = tarfile.TarInfo("z.lnk")
+        link.type, link.linkname = tarfile.SYMTYPE, "s0000.bin"
+        tar.addfile(link)
+    return buf.getvalue()
+
+
+# (name, how the origin's first body is made from the whole tar, whether pass 1 yields all samples)
+_CUTS = {
+    "member-boundary": lambda whole, last: whole[:last],
+    "mid-member": lambda whole, last: whole[: last - 1000],
+    "inside-the-first-block": lambda whole, last: whole[:300],
+    "empty-body": lambda whole, last: b"",
+}
+
+
+@pytest.mark.parametrize("cut", sorted(_CUTS) + ["mid-member-of-zeros"])
 @pytest.mark.parametrize("members", [4, 12])  # (under one tee batch of 1 MiB, and over three)
 def test_a_shard_cut_short_without_an_error_is_read_but_not_cached(tmp_path, caplog, cut, members):
     """A body cut short that its transport cannot tell from a whole one (a close-delimited HTTP
     body, a fetcher that stops early) was committed to the cache: every later pass read the cut
-    copy from it, although the origin had the whole shard again. Now a plain tar whose last
-    block is not zero reads to its end (or its error) and is not kept."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(members):
-            info = tarfile.TarInfo(f"s{i:04d}.bin")
-            info.size = 300_000
-            tar.addfile(info, io.BytesIO(bytes([i]) * info.size))
-    whole = buf.getvalue()
+    copy from it, although the origin had the whole shard again. Now a plain tar is walked header
+    to header, and one that stops before its end-of-archive block reads to its end (or its error)
+    but is not kept (nor a body too short to be a tar), even where its last bytes are zeros."""
+    whole = _cut_tar(members, zero_data=cut == "mid-member-of-zeros")
     with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
-        boundary = tar.getmembers()[-1].offset  # the last member's header: a cut at a member boundary
-    blobs = {"cutvault://b/a.tar": whole[:boundary] if cut == "member-boundary" else whole[: boundary - 1000]}
+        names = [m.name for m in tar.getmembers() if m.isfile()]
+        last = tar.getmembers()[-2].offset  # the last file's header: a cut at a member boundary
+    keys = [name[: -len(".bin")] for name in names]
+    url = "cutvault://b/a.tar"
+    blobs = {url: _CUTS.get(cut, _CUTS["mid-member"])(whole, last)}
     fetched = []
 
     async def fetch(url, *, options, start=0):
@@ -547,19 +568,47 @@ def test_a_shard_cut_short_without_an_error_is_read_but_not_cached(tmp_path, cap
 
     previous = wds.register_fetcher("cutvault", fetch)
     try:
-        def keys():
-            dataset = wds.WebDataset("cutvault://b/a.tar", shardshuffle=False, cache_dir=str(tmp_path))
+        def read():
+            dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=str(tmp_path), empty_check=False)
             return [s["__key__"] for s in dataset]
 
         with caplog.at_level(logging.WARNING):
             if cut == "member-boundary":
-                assert keys() == [f"s{i:04d}" for i in range(members - 1)]
+                assert read() == keys[:-1]
             else:
-                with pytest.raises(wds.FormatError, match="truncated"):
-                    keys()
-        assert any("not cached" in r.getMessage() and "cutvault://b/a.tar" in r.getMessage() for r in caplog.records)
-        blobs["cutvault://b/a.tar"] = whole  # the origin whole again: read from it, then cached
-        assert keys() == [f"s{i:04d}" for i in range(members)] and len(fetched) == 2
-        assert keys() == [f"s{i:04d}" for i in range(members)] and len(fetched) == 2  # a hit
+                with pytest.raises(wds.FormatError):
+                    read()
+        assert any("not cached" in r.getMessage() and url in r.getMessage() for r in caplog.records)
+        blobs[url] = whole  # the origin whole again: read from it, then cached
+        assert read() == keys and len(fetched) == 2
+        assert read() == keys and len(fetched) == 2  # a hit
     finally:
         wds.register_fetcher("cutvault", previous)
+
+
+@pytest.mark.parametrize("after", [b"", b"SIGNATURE-v1", b"X" * 512, b"\0" * 100])
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_whole_shard_is_cached_whatever_follows_its_end_of_archive(tmp_path, caplog, after, gz):
+    """The reader stops at the end-of-archive block and reads past what follows (record padding,
+    a signature); the cache judges the same way, and keeps such a shard. A gzip shard is its
+    reader's to judge."""
+    whole = _cut_tar(3) + after
+    if gz:
+        whole = gzip.compress(whole)
+    url = "wholevault://b/a.tar" + (".gz" if gz else "")
+    fetched = []
+
+    async def fetch(url, *, options, start=0):
+        fetched.append(url)
+        for i in range(start, len(whole), 7777):  # (headers split between chunks)
+            yield whole[i:i + 7777]
+
+    previous = wds.register_fetcher("wholevault", fetch)
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(2):
+                dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=str(tmp_path))
+                assert [s["__key__"] for s in dataset] == ["s0000", "long-" * 30 + "s0001", "s0002"]
+        assert len(fetched) == 1 and not [r for r in caplog.records if "not cached" in r.getMessage()]
+    finally:
+        wds.register_fetcher("wholevault", previous)

@@ -237,16 +237,23 @@ def test_a_webloader_with_persistent_workers_lets_them_go_when_it_goes(shardset)
         gc.enable()
 
 
-def test_a_deep_copy_of_a_webloader_keeps_its_own_count(shardset):
-    """The stage that counts a WebLoader's items holds its loader weakly (above); a deep copy's
-    stage holds the copy, as the bound method it replaced did, not the original."""
+@pytest.mark.parametrize("how", ["deepcopy", "copy", "with_engine", "compose"])
+def test_a_copy_of_a_webloader_keeps_its_own_count_and_outlives_the_original(shardset, how):
+    """The stage that counts a WebLoader's items holds its loader weakly (above); every kind of
+    copy gets a stage of its own that serves the copy, not the original (whose count it used to
+    take), and that still works once the original is gone."""
     import copy
 
     loader = wds.WebLoader(wds.WebDataset(shardset, shardshuffle=False).to_tuple("__key__"), batch_size=None)
-    clone = copy.deepcopy(loader)
+    clone = {"deepcopy": copy.deepcopy, "copy": copy.copy, "with_engine": lambda w: w.with_engine(threads=2),
+             "compose": lambda w: w.compose(lambda src: src)}[how](loader)
+    expected = len(list(wds.WebDataset(shardset, shardshuffle=False)))
     count = len(list(clone))
-    assert count > 0 and clone.state_dict()["per_worker"] == {"0": count}
+    assert count == expected and clone.state_dict()["per_worker"] == {"0": count}
     assert loader.state_dict()["per_worker"] == {}  # the original has handed out nothing
+    del loader
+    gc.collect()
+    assert len(list(clone)) == expected
 
 
 def _one_core(_worker_id):

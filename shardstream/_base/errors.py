@@ -93,17 +93,20 @@ class ShardStreamError(Exception):
 
 WHERE_NOTE = "shardstream-where: "  # a DataLoader worker's note on its error: where, as JSON
 _WHERE_LINE = re.compile(rf"^{WHERE_NOTE}(\{{.*\}})$", re.MULTILINE)
+# torch's ExceptionWrapper.reraise: f"Caught {type} in DataLoader worker process {n}.\nOriginal {traceback}"
+_TORCH_TEXT = re.compile(r"Caught \w+ in DataLoader worker process \d+\.\n")
 
 
 def worker_where(text: object) -> Optional[Dict[str, Any]]:
     """The location a DataLoader worker noted on its error (`mark_location`), read back from the
-    text torch's DataLoader rebuilds the error from (`type(exn)(text)`, the worker's traceback with
-    its notes): None when `text` holds no such note."""
-    if not isinstance(text, str) or WHERE_NOTE not in text:
+    text torch's DataLoader rebuilds the error from (`type(exn)(text)`: the worker's traceback
+    with its notes, the error's own last, after its causes'). None when `text` is not such a
+    text, or holds no note."""
+    if not isinstance(text, str) or WHERE_NOTE not in text or not _TORCH_TEXT.match(text):
         return None
-    found = _WHERE_LINE.search(text)
+    found = _WHERE_LINE.findall(text)
     try:
-        where = json.loads(found.group(1)) if found is not None else None
+        where = json.loads(found[-1]) if found else None
     except ValueError:
         return None
     return where if isinstance(where, dict) else None

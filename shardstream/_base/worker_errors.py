@@ -14,7 +14,7 @@ from .errors import WHERE_NOTE, ShardStreamError
 
 __all__ = ["mark_location"]
 
-_EXTRA = ("key", "k", "reason")  # DecodingError's own attributes
+_EXTRA = ("key", "k", "reason", "cache_path")  # DecodingError's and CorruptCacheFile's own attributes
 
 
 def mark_location(exn: BaseException) -> None:

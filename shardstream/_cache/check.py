@@ -25,7 +25,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import xxhash
 
-from .._base.errors import FetchError, notes_state
+from .._base.errors import FetchError, notes_state, worker_where
 
 __all__ = [
     "BlockDigest", "CorruptCacheFile", "Resume", "ShardRecord", "VerifiedFile", "block_digest", "read_record",
@@ -134,9 +134,12 @@ class CorruptCacheFile(FetchError):
     """
 
     def __init__(
-        self, message: str, *, cache_path: str, url: Optional[str] = None, reason: str = "",
+        self, message: str, *, cache_path: Optional[str] = None, url: Optional[str] = None, reason: str = "",
         offset: Optional[int] = None,
     ) -> None:
+        if cache_path is None:  # torch rebuilding a worker's error from its text: CorruptCacheFile(text)
+            where = worker_where(message) or {}
+            cache_path, reason = where.get("cache_path"), reason or where.get("reason") or ""
         self.cache_path = cache_path
         self.reason = reason or message
         # file offset of the first bad block: the bytes before it were handed out (or, for a read

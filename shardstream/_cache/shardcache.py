@@ -23,7 +23,8 @@ import threading
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from .._base.errors import UsageError, redact_url
-from .._tar.headers import header_checksum_ok
+from .._tar.codecs import MAGIC_BYTES, sniff
+from .._tar.reader import header_span
 from .check import CorruptCacheFile, Resume, VerifiedFile
 from .claims import ClaimsAhead, release_claims
 from .share import follow
@@ -345,7 +346,7 @@ class ShardCache(ClaimsAhead):
         batch: List[bytes] = []  # chunks not yet handed to the writers, `pending` bytes
         pending = counted = 0  # (counted: bytes delivered and not yet in `counters`)
         reserved = False  # (whether the writers were told the shard's size)
-        edges = _Edges() if origin is not None else None
+        edges = _TarEnd() if origin is not None else None
         # (at most a block: a follower in another process waits for whole blocks, no longer)
         tee_bytes = min([TEE_BYTES, *(getattr(writer, "block_size", TEE_BYTES) for writer in writers)])
         try:
@@ -450,35 +451,55 @@ class ShardCache(ClaimsAhead):
         ShardCache.__init__(self, state["tiers"])
 
 
-class _Edges:
-    """The first and the last block of a stream, taken from the batches handed to the writers
-    (a few slices per MiB): a plain tar whose last block is not zero ended short of its end of
-    archive (tar writers end with two zero blocks; the reader, after a member, warns of it)."""
+class _TarEnd:
+    """Whether a stream from the origin is a whole archive, judged from the batches handed to
+    the writers. A plain tar is walked header to header (each header's size says where the next
+    is due): it is whole once a zero block stands where a header is due, whatever follows (record
+    padding, a signature), as the reader reads it. A plain tar that stops before that block (cut
+    at a member boundary or inside a member, by a transport that could not tell) is not kept, nor
+    is a stream too short to tell what it is. A compressed stream, or one whose first block is no
+    tar header, is its reader's to judge (the cache does not inflate)."""
 
     def __init__(self) -> None:
-        self.head = b""
-        self.tail = b""
+        self.seen = 0  # bytes fed
+        self.due = 0  # where the next header is due
+        self.cut = b""  # the start of a header split between two chunks
+        self.judged = True  # False: not a plain tar walked to its end (compressed, other data)
+        self.ended = False  # the end-of-archive block stood where a header was due
 
     def add(self, batch: List[bytes]) -> None:
         for chunk in batch:
-            if len(self.head) >= BLOCK:
-                break
-            self.head += chunk[: BLOCK - len(self.head)]
-        end = b""
-        for chunk in reversed(batch):
-            end = chunk[-(BLOCK - len(end)):] + end
-            if len(end) >= BLOCK:
-                break
-        self.tail = (self.tail + end)[-BLOCK:]
+            start = self.seen
+            self.seen += len(chunk)
+            while self.judged and not self.ended and self.due < self.seen:
+                if self.cut:  # (the header began in the chunk before: it goes on at this one's start)
+                    header = self.cut + chunk[: BLOCK - len(self.cut)]
+                else:
+                    header = chunk[self.due - start : self.due - start + BLOCK]
+                if len(header) < BLOCK:
+                    self.cut = header
+                    break
+                self.cut = b""
+                self._step(header)
+
+    def _step(self, header: bytes) -> None:
+        if header == ZERO_BLOCK:
+            self.ended = True
+            return
+        span = header_span(header)
+        if span is None:  # no tar header here (compressed, other data): the reader fails it or reads it
+            self.judged = False
+            return
+        self.due += span
 
     def whole(self, url: Optional[str]) -> bool:
         """Whether the stream may be kept; a WARNING naming `url` when not."""
-        if len(self.head) < BLOCK or self.head == ZERO_BLOCK or not header_checksum_ok(self.head):
-            return True  # not a plain tar (gzip, other data): its own reader judges it
-        if self.tail == ZERO_BLOCK:
+        if not self.judged or self.ended:
             return True
-        logger.warning("not cached: %s is a tar whose last block is not its end of archive (a download cut "
-                       "short?); it is read from the origin again next time", redact_url(str(url)))
+        if self.seen < BLOCK and sniff(self.cut[:MAGIC_BYTES])[0] is not None:
+            return True  # a compressed stream shorter than a block
+        logger.warning("not cached: %s ends before its tar end-of-archive block (a download cut short?); it "
+                       "is read from the origin again next time", redact_url(str(url)))
         return False
 
 

@@ -25,7 +25,7 @@ from .._base.errors import FormatError
 from .codecs import GzipInflater, sniff
 from .headers import changes_member, header_checksum_ok, number_field, pax_records, text_field
 
-__all__ = ["TAIL_SCAN", "TarMember", "TarReader"]
+__all__ = ["TAIL_SCAN", "TarMember", "TarReader", "header_span"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -42,6 +42,25 @@ _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-fre
 # archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB) is zeros.
 TAIL_SCAN = 64 << 10
 _new_member = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
+
+
+def header_span(hdr: bytes) -> Optional[int]:
+    """Bytes from the header `hdr` to the next one: the header and the data the reader skips
+    after it (padded to blocks), for a caller that finds where an archive ends without parsing
+    it. None when `hdr` is no header: neither the ustar magic nor a valid checksum (the reader
+    checks every checksum; the magic alone is a fifth of the cost). A PAX `size` record (members
+    over 8 GiB) is not applied: such an archive walks off its headers (a later step gives None)."""
+    if len(hdr) != BLOCK or (hdr[257:262] != b"ustar" and not header_checksum_ok(hdr)):
+        return None
+    try:
+        size = number_field(hdr[124:136])
+    except ValueError:
+        return None
+    if size < 0:
+        return None
+    typ = hdr[156:157]
+    data = typ in _REGULAR or typ in _EXTENSIONS or typ not in _SUPPORTED
+    return BLOCK + ((size + 511) & -512 if data else 0)
 
 
 class TarMember(NamedTuple):
