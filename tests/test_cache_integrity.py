@@ -612,3 +612,27 @@ def test_a_whole_shard_is_cached_whatever_follows_its_end_of_archive(tmp_path, c
         assert len(fetched) == 1 and not [r for r in caplog.records if "not cached" in r.getMessage()]
     finally:
         wds.register_fetcher("wholevault", previous)
+
+
+def test_a_shard_whose_length_the_origin_stated_is_kept_as_the_origin_has_it(tmp_path, caplog):
+    """The header walk is for streams without a stated length: over HTTP the fetcher checks
+    Content-Length (a short body is retried, then an error), so a shard that lacks its
+    end-of-archive blocks at the origin itself is cached as it is there, fetched once; the reader
+    warns that it ends early, as it does without a cache."""
+    from shardserver import ShardServer
+
+    whole = _cut_tar(3)
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        last = tar.getmembers()[-2].offset
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "a.tar").write_bytes(whole[:last])  # the origin's own copy stops at a member boundary
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with ShardServer(str(served)) as srv, caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            dataset = wds.WebDataset(srv.url("a.tar"), shardshuffle=False, cache_dir=str(cache))
+            assert [s["__key__"] for s in dataset] == ["s0000", "long-" * 30 + "s0001"]
+        assert srv.stats.snapshot().fetches["a.tar"] == 1
+    assert not [r for r in caplog.records if "not cached" in r.getMessage()]
+    assert [r for r in caplog.records if "end-of-archive" in r.getMessage()]

@@ -334,9 +334,9 @@ class ShardCache(ClaimsAhead):
               claims: Optional[Dict[str, object]] = None, origin: Optional[str] = None):
         """Hand each chunk to the consumer (after `resume` dropped what was delivered before) and,
         a MiB at a time, to every writer; commit only a complete stream. A stream from the
-        `origin` URL that is a plain tar must end in a zero block (tar's end of archive): a body
-        cut short that its transport could not tell from a whole one (no length) reads to its
-        end, but is not kept.
+        `origin` URL that did not say its length (`chunks.size`, which the fetchers check) must be
+        a whole archive (`_TarEnd`): a body cut short that its transport could not tell from a
+        whole one reads to its end, but is not kept.
 
         The commits run on the writers' threads (`commit_soon`): the consumer goes on to its next
         shard without waiting for the last block's write and the rename. `claims` (emptied here)
@@ -358,7 +358,7 @@ class ShardCache(ClaimsAhead):
                     pending += size
                     if pending >= tee_bytes:
                         if edges is not None:
-                            edges.add(batch)
+                            edges = _judge(edges, chunks, batch)
                         if not reserved:  # (the origin has said its size by now, when it says it)
                             reserved = True
                             _reserve(writers, getattr(chunks, "size", None))
@@ -379,7 +379,7 @@ class ShardCache(ClaimsAhead):
                 resume.check_done()  # the copy is shorter than what was delivered: raises
             if batch:
                 if edges is not None:
-                    edges.add(batch)
+                    edges = _judge(edges, chunks, batch)
                 for writer in writers:
                     writer.write_many(batch, pending)
             complete = edges is None or not writers or edges.whole(origin)
@@ -449,6 +449,16 @@ class ShardCache(ClaimsAhead):
 
     def __setstate__(self, state) -> None:
         ShardCache.__init__(self, state["tiers"])
+
+
+def _judge(edges: "_TarEnd", chunks: object, batch: List[bytes]) -> Optional["_TarEnd"]:
+    """Walk `batch` unless the origin has said its length (None from then on): the fetchers
+    check a stated length (HTTP's Content-Length or Content-Range, S3's ContentLength) and raise
+    on a body that ends short of it, so only a stream without one needs its archive judged."""
+    if getattr(chunks, "size", None) is not None:
+        return None
+    edges.add(batch)
+    return edges
 
 
 class _TarEnd:
