@@ -2,7 +2,9 @@
 
 Every error can carry where it happened: the shard URL (credentials redacted), the member name
 inside the shard and the byte offset. Third-party errors (aiohttp, botocore, OSError) are
-translated into this tree in one place per layer, at the boundary.
+translated into this tree in one place per layer, at the boundary. torch's DataLoader rebuilds
+a worker's error from its text alone, so a worker notes the location as JSON (`mark_location`)
+and the rebuilt error reads it back as it is made (`worker_where`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "describe",
     "notes_state",
     "redact_url",
+    "mark_location",
     "safe_cause",
     "worker_where",
 ]
@@ -95,6 +98,20 @@ WHERE_NOTE = "shardstream-where: "  # a DataLoader worker's note on its error: w
 _WHERE_LINE = re.compile(rf"^{WHERE_NOTE}(\{{.*\}})$", re.MULTILINE)
 # torch's ExceptionWrapper.reraise: f"Caught {type} in DataLoader worker process {n}.\nOriginal {traceback}"
 _TORCH_TEXT = re.compile(r"Caught \w+ in DataLoader worker process \d+\.\n")
+
+
+_WHERE_EXTRA = ("key", "k", "reason", "cache_path")  # DecodingError's and CorruptCacheFile's own attributes
+
+
+def mark_location(exn: BaseException) -> None:
+    """Add a note holding the error's location as JSON, before it leaves a DataLoader worker:
+    torch rebuilds a worker's exception from its text alone (`type(exn)(text)`), and the rebuilt
+    error reads the note back as it is made (`worker_where`)."""
+    if isinstance(exn, ShardStreamError) and hasattr(exn, "add_note"):
+        if not any(note.startswith(WHERE_NOTE) for note in getattr(exn, "__notes__", ())):
+            where = {"url": exn.url, "member": exn.member, "offset": exn.offset}
+            where.update((name, getattr(exn, name)) for name in _WHERE_EXTRA if hasattr(exn, name))
+            exn.add_note(WHERE_NOTE + json.dumps(where, default=str))
 
 
 def worker_where(text: object) -> Optional[Dict[str, Any]]:

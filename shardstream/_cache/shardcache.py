@@ -346,7 +346,7 @@ class ShardCache(ClaimsAhead):
         batch: List[bytes] = []  # chunks not yet handed to the writers, `pending` bytes
         pending = counted = 0  # (counted: bytes delivered and not yet in `counters`)
         reserved = False  # (whether the writers were told the shard's size)
-        edges = _TarEnd() if origin is not None else None
+        tar_end = _TarEnd() if origin is not None else None
         # (at most a block: a follower in another process waits for whole blocks, no longer)
         tee_bytes = min([TEE_BYTES, *(getattr(writer, "block_size", TEE_BYTES) for writer in writers)])
         try:
@@ -357,8 +357,8 @@ class ShardCache(ClaimsAhead):
                     batch.append(chunk if type(chunk) is bytes else bytes(chunk))
                     pending += size
                     if pending >= tee_bytes:
-                        if edges is not None:
-                            edges = _judge(edges, chunks, batch)
+                        if tar_end is not None:
+                            tar_end = _judge(tar_end, chunks, batch)
                         if not reserved:  # (the origin has said its size by now, when it says it)
                             reserved = True
                             _reserve(writers, getattr(chunks, "size", None))
@@ -378,11 +378,11 @@ class ShardCache(ClaimsAhead):
             if resume is not None and resume.left:
                 resume.check_done()  # the copy is shorter than what was delivered: raises
             if batch:
-                if edges is not None:
-                    edges = _judge(edges, chunks, batch)
+                if tar_end is not None:
+                    tar_end = _judge(tar_end, chunks, batch)
                 for writer in writers:
                     writer.write_many(batch, pending)
-            complete = edges is None or not writers or edges.whole(origin)
+            complete = tar_end is None or not writers or tar_end.whole(origin)
         except CorruptCacheFile:
             raise
         except Exception:
@@ -451,14 +451,14 @@ class ShardCache(ClaimsAhead):
         ShardCache.__init__(self, state["tiers"])
 
 
-def _judge(edges: "_TarEnd", chunks: object, batch: List[bytes]) -> Optional["_TarEnd"]:
+def _judge(tar_end: "_TarEnd", chunks: object, batch: List[bytes]) -> Optional["_TarEnd"]:
     """Walk `batch` unless the origin has said its length (None from then on): the fetchers
     check a stated length (HTTP's Content-Length or Content-Range, S3's ContentLength) and raise
     on a body that ends short of it, so only a stream without one needs its archive judged."""
     if getattr(chunks, "size", None) is not None:
         return None
-    edges.add(batch)
-    return edges
+    tar_end.add(batch)
+    return tar_end
 
 
 class _TarEnd:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Sequence
 
-from .._base.errors import ShardStreamError, UsageError
+from .._base.errors import ShardStreamError, UsageError, mark_location
 from .._base.lazytorch import in_worker
-from .._base.worker_errors import mark_location
 from .._engine.run import EngineIterator
 from .._engine.stats import PipelineStats
 

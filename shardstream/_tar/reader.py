@@ -37,6 +37,9 @@ _NOT_FILES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device"
               b"6": "FIFO"}  # what `others` hears of (directories are implied by the files' names)
 _GNU_TYPES = (b"L", b"K", b"S")  # the USTAR prefix field means something else in these
 _EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # headers that describe the next member (or all: g)
+# Every other type has data after its header (padded to blocks): regular files, extensions and
+# types tarfile does not know.
+_DATALESS = frozenset(_SUPPORTED) - frozenset(_REGULAR) - frozenset(_EXTENSIONS)
 _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
 # After the end-of-archive block, a valid header this close means a damaged shard or concatenated
 # archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB) is zeros.
@@ -58,9 +61,7 @@ def header_span(hdr: bytes) -> Optional[int]:
         return None
     if size < 0:
         return None
-    typ = hdr[156:157]
-    data = typ in _REGULAR or typ in _EXTENSIONS or typ not in _SUPPORTED
-    return BLOCK + ((size + 511) & -512 if data else 0)
+    return BLOCK + (0 if hdr[156:157] in _DATALESS else (size + 511) & -512)
 
 
 class TarMember(NamedTuple):
@@ -465,7 +466,7 @@ class TarReader:
             raise self._fail("negative size in tar header", name, offset)
         regular = typ in _REGULAR
         stop = pos + BLOCK
-        if regular or typ not in _SUPPORTED:
+        if typ not in _DATALESS:  # (extensions returned above)
             stop += (size + 511) & -512
         if stop > len(buf):
             return self._stall(pos, stop, name, offset)
