@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import gc
 import glob
 import hashlib
 import json
@@ -521,6 +522,31 @@ def test_commits_close_their_files(tmp_path, settled):
         assert b"".join(cache.stream(url, Origin(), settled=settled)) == shard_bytes(url)
     cache.settle()
     assert sorted(os.listdir("/proc/self/fd")) == before and temps(tmp_path) == []
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_commits_leave_nothing_for_the_collector(tmp_path, settled):
+    """A committed shard's writer, its thread and its digest are freed by reference counting: no
+    reference cycle waits for the garbage collector (one per shard, with its locks and queues, did)."""
+    cache = ShardCache([DiskTier(str(tmp_path), None)])
+    assert b"".join(cache.stream(shard_url(0), Origin())) == shard_bytes(shard_url(0))  # (imports, caches)
+    cache.settle()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(1, 4):
+            url = shard_url(i)
+            assert b"".join(cache.stream(url, Origin(), settled=settled)) == shard_bytes(url)
+        cache.settle()
+        wait_for(lambda: not [t for t in threading.enumerate() if t.name == "shardstream-cache-writer"], timeout=5)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kinds = sorted({type(obj).__name__ for obj in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert kinds == []
 
 
 def test_a_lookup_waits_for_a_commit_in_progress(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import collections
 import ctypes
+import functools
 import glob
 import logging
 import os
@@ -127,6 +128,11 @@ def _fits(fd: int, length: int) -> bool:
     return length + PREALLOCATE_SPARE <= stats.f_bavail * stats.f_frsize
 
 
+def _publish(log_fd: int, index: int, digest: int) -> None:
+    """Append a written block's digest to the progress log that followers read."""
+    os.write(log_fd, _DIGEST.pack(digest))
+
+
 class BlockWriter:
     """Writes a shard's chunks to its temp file from a thread, and publishes each full block's
     digest in the progress log as soon as the block is written.
@@ -145,7 +151,8 @@ class BlockWriter:
     def __init__(self, fd: int, log_fd: int, block_size: int) -> None:
         self.fd, self.log_fd = fd, log_fd
         self.error: Optional[OSError] = None
-        self.digest = BlockDigest(block_size, on_block=self._publish)
+        # (the log's fd, not a bound method: a digest holding its writer would be a cycle for the collector)
+        self.digest = BlockDigest(block_size, on_block=functools.partial(_publish, log_fd))
         self._wake = min(block_size, MAX_QUEUED // 2)  # (a put blocks at MAX_QUEUED: wake before)
         self._queue: collections.deque = collections.deque()
         self._queued = 0
@@ -182,16 +189,13 @@ class BlockWriter:
         with self._cond:
             self._reserve = max(self._reserve, size)
 
-    def _publish(self, index: int, digest: int) -> None:
-        os.write(self.log_fd, _DIGEST.pack(digest))
-
     def _run(self) -> None:
         try:
             self._write_queued()
         finally:
             with self._cond:
                 self._exited = True
-                then = self._then
+                then, self._then = self._then, None  # (it holds the DiskWriter that holds us)
             if then is not None:
                 then(None if self.error is not None else self.digest)
 
