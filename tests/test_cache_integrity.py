@@ -6,12 +6,14 @@ and the block digest."""
 
 from __future__ import annotations
 
+import bz2
 import errno
 import gzip
 import hashlib
 import io
 import json
 import logging
+import lzma
 import multiprocessing
 import os
 import pickle
@@ -586,12 +588,50 @@ def test_a_shard_cut_short_without_an_error_is_read_but_not_cached(tmp_path, cap
         wds.register_fetcher("cutvault", previous)
 
 
+_CODECS = {"gz": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}
+
+
+@pytest.mark.parametrize("cut", ["mid-stream", "in-the-trailer", "in-the-magic"])
+@pytest.mark.parametrize("codec", sorted(_CODECS))
+def test_a_compressed_shard_cut_short_without_an_error_is_not_cached(tmp_path, caplog, codec, cut):
+    """A gzip, xz or bzip2 shard cut short by a transport that could not tell was committed to
+    the cache: the cache did not inflate, so every later pass failed on the cut copy. Now its
+    stream is inflated as it is written and its tar walked: it is kept only when the member that
+    holds the end-of-archive block came to its trailer. Cut anywhere, it fails as without a cache
+    and is fetched again; whole, it is fetched once."""
+    whole = _CODECS[codec](_cut_tar(3))
+    url = f"zvault://b/a.tar.{codec}"
+    blobs = {url: {"mid-stream": whole[: len(whole) // 2], "in-the-trailer": whole[:-3], "in-the-magic": whole[:1]}[cut]}
+    fetched = []
+
+    async def fetch(url, *, options, start=0):
+        fetched.append(url)
+        for i in range(start, len(blobs[url]), 7777):
+            yield blobs[url][i:i + 7777]
+
+    previous = wds.register_fetcher("zvault", fetch)
+    try:
+        def read():
+            dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=str(tmp_path), empty_check=False)
+            return [s["__key__"] for s in dataset]
+
+        with caplog.at_level(logging.WARNING):
+            with pytest.raises(wds.FormatError):
+                read()
+        assert [r for r in caplog.records if "not cached" in r.getMessage() and url in r.getMessage()]
+        blobs[url] = whole
+        keys = ["s0000", "long-" * 30 + "s0001", "s0002"]
+        assert read() == keys and len(fetched) == 2
+        assert read() == keys and len(fetched) == 2  # a hit
+    finally:
+        wds.register_fetcher("zvault", previous)
+
+
 @pytest.mark.parametrize("after", [b"", b"SIGNATURE-v1", b"X" * 512, b"\0" * 100])
 @pytest.mark.parametrize("gz", [False, True])
 def test_a_whole_shard_is_cached_whatever_follows_its_end_of_archive(tmp_path, caplog, after, gz):
     """The reader stops at the end-of-archive block and reads past what follows (record padding,
-    a signature); the cache judges the same way, and keeps such a shard. A gzip shard is its
-    reader's to judge."""
+    a signature); the cache judges the same way, and keeps such a shard, plain or gzipped."""
     whole = _cut_tar(3) + after
     if gz:
         whole = gzip.compress(whole)

@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
-from .._base.errors import UsageError, redact_url
+from .._base.errors import FormatError, UsageError, redact_url
 from .._tar.codecs import MAGIC_BYTES, sniff
 from .._tar.reader import header_span
 from .check import CorruptCacheFile, Resume, VerifiedFile
@@ -467,17 +467,45 @@ class _TarEnd:
     is due): it is whole once a zero block stands where a header is due, whatever follows (record
     padding, a signature), as the reader reads it. A plain tar that stops before that block (cut
     at a member boundary or inside a member, by a transport that could not tell) is not kept, nor
-    is a stream too short to tell what it is. A compressed stream, or one whose first block is no
-    tar header, is its reader's to judge (the cache does not inflate)."""
+    is a stream too short to tell what it is. A gzip, xz or bzip2 stream is inflated as it comes
+    (the reader's codecs) and its tar walked the same way: it is whole once that block has come
+    and the compressed member holding it has ended (its trailer, with the checksum, is there). A
+    stream whose first block is neither is its reader's to judge."""
 
-    def __init__(self) -> None:
+    def __init__(self, inflated: bool = False) -> None:
         self.seen = 0  # bytes fed
         self.due = 0  # where the next header is due
         self.cut = b""  # the start of a header split between two chunks
-        self.judged = True  # False: not a plain tar walked to its end (compressed, other data)
+        self.judged = True  # False: not a tar walked to its end (other data)
         self.ended = False  # the end-of-archive block stood where a header was due
+        # the first chunks, until `sniff` can tell the codec (then None; at once for what a codec inflated)
+        self._early: Optional[List[bytes]] = None if inflated else []
+        self._inflater = None  # the codec's inflater of a compressed stream
+        self._inner: Optional["_TarEnd"] = None  # the walk of what it inflates
 
     def add(self, batch: List[bytes]) -> None:
+        if self._early is not None:  # (undecided: a stream of a few bytes so far)
+            self._early.extend(batch)
+            codec, decided = sniff(b"".join(chunk[:MAGIC_BYTES] for chunk in self._early)[:MAGIC_BYTES])
+            if not decided:
+                return
+            batch, self._early = self._early, None
+            if codec is not None:
+                self._inflater, self._inner = codec(), _TarEnd(inflated=True)
+        if self._inflater is None:
+            self._walk(batch)
+            return
+        inflater, inner = self._inflater, self._inner
+        for chunk in batch:
+            self.seen += len(chunk)
+            out = [inflater.feed(chunk)]
+            while inflater.pending:  # (a member ended inside the chunk: the next one begins there)
+                out.append(inflater.feed(b""))
+            inner._walk([part for part in out if part])  # type: ignore[union-attr]
+            if inner.ended or not inner.judged:  # type: ignore[union-attr]
+                inflater.last_member = True  # (inflate that member to its trailer, ignore what follows)
+
+    def _walk(self, batch: List[bytes]) -> None:
         for chunk in batch:
             start = self.seen
             self.seen += len(chunk)
@@ -497,20 +525,30 @@ class _TarEnd:
             self.ended = True
             return
         span = header_span(header)
-        if span is None:  # no tar header here (compressed, other data): the reader fails it or reads it
+        if span is None:  # no tar header here (other data): the reader fails it or reads it
             self.judged = False
             return
         self.due += span
 
     def whole(self, url: Optional[str]) -> bool:
         """Whether the stream may be kept; a WARNING naming `url` when not."""
+        if self._inflater is not None:
+            try:
+                self._inflater.close()  # (raises unless the last member read came to its trailer)
+            except FormatError as exn:
+                return _not_kept(url, f"its compressed stream is not whole ({exn})")
+            return self._inner.whole(url)  # type: ignore[union-attr]
+        if self._early is not None:
+            return _not_kept(url, f"it ends after {sum(map(len, self._early))} bytes, too few to tell what it is")
         if not self.judged or self.ended:
             return True
-        if self.seen < BLOCK and sniff(self.cut[:MAGIC_BYTES])[0] is not None:
-            return True  # a compressed stream shorter than a block
-        logger.warning("not cached: %s ends before its tar end-of-archive block (a download cut short?); it "
-                       "is read from the origin again next time", redact_url(str(url)))
-        return False
+        return _not_kept(url, "it ends before its tar end-of-archive block")
+
+
+def _not_kept(url: Optional[str], why: str) -> bool:
+    logger.warning("not cached: %s: %s (a download cut short?); it is read from the origin again next time",
+                   redact_url(str(url)), why)
+    return False
 
 
 def _raise_unreplaced(failure: Optional[CorruptCacheFile], exn: Exception) -> None:
