@@ -9,8 +9,10 @@ Content-Length / Content-Range. aiohttp's exceptions become the error tree in `t
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
+import urllib.parse
 from email.utils import parsedate_to_datetime
 from typing import AsyncGenerator, Callable, Optional, Tuple
 
@@ -18,7 +20,7 @@ import aiohttp
 from aiohttp import hdrs
 
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, safe_cause
-from .._base.redact import redact, url_secrets
+from .._base.redact import redact, redact_url, url_secrets
 from .retries import backoff_delay, log_retry, watch
 from .options import FetchOptions, note_fetch, note_size
 from .loop import get_session
@@ -26,12 +28,22 @@ from .loop import get_session
 __all__ = ["http_stream", "translate_error"]
 
 
+logger = logging.getLogger(__name__)
+
 _RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.ASCII)
 
 
 class _Again(Exception):
     """Ask again at once, without counting a failure: the server ignored our If-Range."""
+
+
+# A response that tags the object differently but states its size is asked again, at once, up to
+# this many times in one transfer before the object counts as replaced: a pool of servers behind one
+# name (round robin) whose copies of a file carry different ETags (an inode or an mtime in them)
+# answers each request from any of them. At 2 servers, a part fails 1 time in 2**17.
+OTHER_COPY_ASKS = 16
+_told_other_copies: set = set()  # origins already warned about
 
 
 class _Retry(Exception):
@@ -87,6 +99,8 @@ class _Transfer:
         self.last_modified: Optional[str] = None
         self.if_range = True  # False once the server answered a ranged If-Range request with its whole body
         self.sent_validator: Optional[str] = None  # the If-Range of the request in flight
+        self.known_size: Optional[int] = None  # the object's size as another part of the download learnt it
+        self.other_copies = 0  # responses that tagged the object differently, asked again
 
     @property
     def complete(self) -> bool:
@@ -174,11 +188,30 @@ class _Transfer:
     def _check_same_object(self, resp: aiohttp.ClientResponse) -> None:
         etag, modified = resp.headers.get(hdrs.ETAG), resp.headers.get(hdrs.LAST_MODIFIED)
         if self.etag and etag and etag != self.etag:
-            raise self.error(f"object changed during the download (ETag {self.etag} -> {etag})")
+            self._other_copy(resp, f"ETag {self.etag} -> {etag}")
         if not self.etag and self.last_modified and modified and modified != self.last_modified:
-            change = f"Last-Modified {self.last_modified} -> {modified}"
-            raise self.error(f"object changed during the download ({change})")
+            self._other_copy(resp, f"Last-Modified {self.last_modified} -> {modified}")
         self.etag, self.last_modified = etag or self.etag, modified or self.last_modified
+
+    def _other_copy(self, resp: aiohttp.ClientResponse, change: str) -> None:
+        """A response tagged differently from the object this download reads. Of the same size, it
+        may be another server's copy (a pool behind one name): ask again (_Again), OTHER_COPY_ASKS
+        times at most, warning once per origin. Else, or then, the object was replaced: an error."""
+        size = self.total if self.total is not None else self.known_size
+        if size is not None and _stated_size(resp) == size and self.other_copies < OTHER_COPY_ASKS:
+            self.other_copies += 1
+            parts = urllib.parse.urlsplit(self.url)
+            origin = f"{parts.scheme}://{parts.hostname}:{parts.port}"
+            if origin not in _told_other_copies:
+                _told_other_copies.add(origin)
+                logger.warning("%s: a response tags the object differently (%s) at the same size: another server's "
+                               "copy (a pool of servers behind one name), or the object replaced? Asking again, up to "
+                               "%d times per transfer (said once per server)", redact_url(self.url), change,
+                               OTHER_COPY_ASKS)
+            raise _Again()
+        asked = f", asked {self.other_copies + 1} times" if self.other_copies else ""
+        raise self.error(f"object changed during the download ({change}{asked}); if the server is a pool whose "
+                         f"copies of one file carry different ETags, read it with parallel_parts=1")
 
 
 def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
@@ -187,18 +220,28 @@ def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
     )
 
 
+def _stated_size(resp: aiohttp.ClientResponse) -> Optional[int]:
+    """The object's size a response states: a 206's Content-Range, a 200's Content-Length."""
+    if resp.status == 206:
+        match = _CONTENT_RANGE.fullmatch(resp.headers.get(hdrs.CONTENT_RANGE, "").strip())
+        return int(match.group(3)) if match and match.group(3) != "*" else None
+    return resp.content_length
+
+
 def _same_object(transfer: _Transfer, identity: Optional[dict]) -> None:
-    """A part of a parted download holds the validator the first response of any part gave, and
-    stops sending If-Range once any part found that the server does not honour it."""
+    """A part of a parted download holds the validator the first response of any part gave (and
+    the size it stated), and stops sending If-Range once any part found that the server does not
+    honour it."""
     if identity and transfer.etag is None and transfer.last_modified is None:
         transfer.etag, transfer.last_modified = identity["etag"], identity["last_modified"]
+        transfer.known_size = identity["size"]
     if identity and not identity["if_range"]:
         transfer.if_range = False
 
 
 def _learn_object(transfer: _Transfer, identity: Optional[dict]) -> None:
     if identity is not None and not identity:
-        identity.update(etag=transfer.etag, last_modified=transfer.last_modified, if_range=True)
+        identity.update(etag=transfer.etag, last_modified=transfer.last_modified, if_range=True, size=transfer.total)
     if identity and not transfer.if_range:
         identity["if_range"] = False
 
