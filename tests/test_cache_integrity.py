@@ -547,6 +547,33 @@ _CUTS = {
 }
 
 
+class _Vault:
+    """A fetcher of our own for `scheme` that serves `blobs` by URL in chunks of `chunk` bytes
+    without stating a length (a close-delimited body, as far as the cache can tell), counting
+    its fetches; `read(url)` is a pass through a cache in `cache_dir`."""
+
+    def __init__(self, scheme: str, blobs: dict, cache_dir, chunk: int = 1 << 30) -> None:
+        self.scheme, self.blobs, self.cache_dir, self.chunk = scheme, blobs, str(cache_dir), chunk
+        self.fetched: list = []
+
+    async def _fetch(self, url, *, options, start=0):
+        self.fetched.append(url)
+        body = self.blobs[url]
+        for i in range(start, len(body), self.chunk):
+            yield body[i:i + self.chunk]
+
+    def read(self, url: str) -> list:
+        dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=self.cache_dir, empty_check=False)
+        return [s["__key__"] for s in dataset]
+
+    def __enter__(self) -> "_Vault":
+        self._previous = wds.register_fetcher(self.scheme, self._fetch)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wds.register_fetcher(self.scheme, self._previous)
+
+
 @pytest.mark.parametrize("cut", sorted(_CUTS) + ["mid-member-of-zeros"])
 @pytest.mark.parametrize("members", [4, 12])  # (under one tee batch of 1 MiB, and over three)
 def test_a_shard_cut_short_without_an_error_is_read_but_not_cached(tmp_path, caplog, cut, members):
@@ -561,31 +588,17 @@ def test_a_shard_cut_short_without_an_error_is_read_but_not_cached(tmp_path, cap
         last = tar.getmembers()[-2].offset  # the last file's header: a cut at a member boundary
     keys = [name[: -len(".bin")] for name in names]
     url = "cutvault://b/a.tar"
-    blobs = {url: _CUTS.get(cut, _CUTS["mid-member"])(whole, last)}
-    fetched = []
-
-    async def fetch(url, *, options, start=0):
-        fetched.append(url)
-        yield blobs[url][start:]
-
-    previous = wds.register_fetcher("cutvault", fetch)
-    try:
-        def read():
-            dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=str(tmp_path), empty_check=False)
-            return [s["__key__"] for s in dataset]
-
+    with _Vault("cutvault", {url: _CUTS.get(cut, _CUTS["mid-member"])(whole, last)}, tmp_path) as vault:
         with caplog.at_level(logging.WARNING):
             if cut == "member-boundary":
-                assert read() == keys[:-1]
+                assert vault.read(url) == keys[:-1]
             else:
                 with pytest.raises(wds.FormatError):
-                    read()
+                    vault.read(url)
         assert any("not cached" in r.getMessage() and url in r.getMessage() for r in caplog.records)
-        blobs[url] = whole  # the origin whole again: read from it, then cached
-        assert read() == keys and len(fetched) == 2
-        assert read() == keys and len(fetched) == 2  # a hit
-    finally:
-        wds.register_fetcher("cutvault", previous)
+        vault.blobs[url] = whole  # the origin whole again: read from it, then cached
+        assert vault.read(url) == keys and len(vault.fetched) == 2
+        assert vault.read(url) == keys and len(vault.fetched) == 2  # a hit
 
 
 _CODECS = {"gz": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}
@@ -601,30 +614,16 @@ def test_a_compressed_shard_cut_short_without_an_error_is_not_cached(tmp_path, c
     and is fetched again; whole, it is fetched once."""
     whole = _CODECS[codec](_cut_tar(3))
     url = f"zvault://b/a.tar.{codec}"
-    blobs = {url: {"mid-stream": whole[: len(whole) // 2], "in-the-trailer": whole[:-3], "in-the-magic": whole[:1]}[cut]}
-    fetched = []
-
-    async def fetch(url, *, options, start=0):
-        fetched.append(url)
-        for i in range(start, len(blobs[url]), 7777):
-            yield blobs[url][i:i + 7777]
-
-    previous = wds.register_fetcher("zvault", fetch)
-    try:
-        def read():
-            dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=str(tmp_path), empty_check=False)
-            return [s["__key__"] for s in dataset]
-
+    cuts = {"mid-stream": whole[: len(whole) // 2], "in-the-trailer": whole[:-3], "in-the-magic": whole[:1]}
+    with _Vault("zvault", {url: cuts[cut]}, tmp_path, chunk=7777) as vault:
         with caplog.at_level(logging.WARNING):
             with pytest.raises(wds.FormatError):
-                read()
+                vault.read(url)
         assert [r for r in caplog.records if "not cached" in r.getMessage() and url in r.getMessage()]
-        blobs[url] = whole
+        vault.blobs[url] = whole
         keys = ["s0000", "long-" * 30 + "s0001", "s0002"]
-        assert read() == keys and len(fetched) == 2
-        assert read() == keys and len(fetched) == 2  # a hit
-    finally:
-        wds.register_fetcher("zvault", previous)
+        assert vault.read(url) == keys and len(vault.fetched) == 2
+        assert vault.read(url) == keys and len(vault.fetched) == 2  # a hit
 
 
 @pytest.mark.parametrize("after", [b"", b"SIGNATURE-v1", b"X" * 512, b"\0" * 100])
@@ -636,22 +635,11 @@ def test_a_whole_shard_is_cached_whatever_follows_its_end_of_archive(tmp_path, c
     if gz:
         whole = gzip.compress(whole)
     url = "wholevault://b/a.tar" + (".gz" if gz else "")
-    fetched = []
-
-    async def fetch(url, *, options, start=0):
-        fetched.append(url)
-        for i in range(start, len(whole), 7777):  # (headers split between chunks)
-            yield whole[i:i + 7777]
-
-    previous = wds.register_fetcher("wholevault", fetch)
-    try:
+    with _Vault("wholevault", {url: whole}, tmp_path, chunk=7777) as vault:  # (headers split between chunks)
         with caplog.at_level(logging.WARNING):
             for _ in range(2):
-                dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=str(tmp_path))
-                assert [s["__key__"] for s in dataset] == ["s0000", "long-" * 30 + "s0001", "s0002"]
-        assert len(fetched) == 1 and not [r for r in caplog.records if "not cached" in r.getMessage()]
-    finally:
-        wds.register_fetcher("wholevault", previous)
+                assert vault.read(url) == ["s0000", "long-" * 30 + "s0001", "s0002"]
+        assert len(vault.fetched) == 1 and not [r for r in caplog.records if "not cached" in r.getMessage()]
 
 
 def test_a_shard_whose_length_the_origin_stated_is_kept_as_the_origin_has_it(tmp_path, caplog):
