@@ -61,6 +61,7 @@ class _Run:
         self.workers: List[threading.Thread] = []
         self.delivered = 0
         self.closed = False
+        self._raise_next: Optional[BaseException] = None  # a task's error, raised after its chunk's items
         self._last_log = self.started
         self.source_stats = _find_source_stats(stages)
         self.cache = _find_cache(stages)
@@ -134,9 +135,12 @@ class _Run:
             if isinstance(entry, Future):
                 entry = self._result(entry, channel)
             positions = getattr(entry, "positions", None) if cell is not None else None
+            failure = entry[-1] if entry and type(entry[-1]) is Failure else None  # (a task's last)
             for index, item in enumerate(entry):
                 if item is STOP:
                     return
+                if item is failure:
+                    raise failure.exc  # type: ignore[union-attr]
                 if positions is not None:
                     cell[0] = positions[index]  # type: ignore[index]
                 yield item
@@ -213,6 +217,13 @@ class _Run:
                     stats.record(self._spent(start, qstats, waited), len(chunk))
                     yield chunk
                 return
+            except Stopped:
+                raise
+            except BaseException:  # the items before go on first, then the error (as a generator pipeline has it)
+                if chunk:
+                    stats.record(self._spent(start, qstats, waited), len(chunk))
+                    yield chunk
+                raise
             stats.record(self._spent(start, qstats, waited), len(chunk))
             yield chunk
 
@@ -265,17 +276,23 @@ class _Run:
                     raise Stopped()
             submit(run_task, stages, chunk, pstats).add_done_callback(deliver)
 
-        for chunk in self._chunks(source, stats, upstream, limit, where):
-            flush(chunk)
-        if not ordered:  # every task has called back before END goes in
-            for _ in range(self.inflight):
-                while not slots.acquire(timeout=0.05):
-                    if self.stop.is_set():
-                        raise Stopped()
+        try:
+            for chunk in self._chunks(source, stats, upstream, limit, where):
+                flush(chunk)
+        finally:
+            if not ordered:  # every task has called back before END (or the error) goes in
+                for _ in range(self.inflight):
+                    while not slots.acquire(timeout=0.05):
+                        if self.stop.is_set():
+                            raise Stopped()
 
     # ---- consumer side -------------------------------------------------------------------
     def next_chunk(self) -> List[Any]:
         """The next delivered chunk; raises StopIteration at the end, or the shipped exception."""
+        if self._raise_next is not None:
+            exc, self._raise_next = self._raise_next, None
+            self.close()
+            raise exc
         if self.closed:
             raise StopIteration
         channel = self.output
@@ -291,10 +308,13 @@ class _Run:
         except BaseException:
             self.close()
             raise
-        if entry and entry[-1] is STOP:
+        if entry and (entry[-1] is STOP or type(entry[-1]) is Failure):
             positions = getattr(entry, "positions", None)
+            if entry[-1] is STOP:
+                self.close()
+            else:
+                self._raise_next = entry[-1].exc  # (after the items before it)
             entry = entry[:-1] if positions is None else tracked(entry[:-1], positions[:-1])
-            self.close()
         self.delivered += len(entry)
         if self.config.log_interval is not None:
             now = time.perf_counter()

@@ -8,11 +8,13 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from .._base.errors import note_stage
 from .._stages.contract import DROP, SampleStage
+from .channel import Failure
 from .stats import StageStats
 
 __all__ = ["STOP", "Segment", "run_task", "split_segments", "stage_name", "tracked"]
 
 STOP: Any = object()  # a handler asked to stop the stream: end it after the items before
+# (A chunk may also end in a `Failure`: the items before it are delivered, then its exception raised.)
 
 
 class _Chunk(list):
@@ -61,7 +63,8 @@ def split_segments(stages: Sequence[Any]) -> List[Segment]:
 
 
 def run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats) -> List[Any]:
-    """Run a chunk of samples through fused sample stages (on a pool thread)."""
+    """Run a chunk of samples through fused sample stages (on a pool thread). A sample whose
+    handler raises ends the chunk with a `Failure`: the samples before it are delivered first."""
     positions = getattr(chunk, "positions", None)
     out: List[Any] = [] if positions is None else tracked([], [])
     if positions is not None:
@@ -69,7 +72,7 @@ def run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats)
         appended = out.append
 
         def append_with_position(item: Any) -> None:  # keep each survivor's position beside it
-            kept.append(positions[index] if item is not STOP else None)
+            kept.append(None if item is STOP or type(item) is Failure else positions[index])
             appended(item)
 
         append: Callable[[Any], None] = append_with_position
@@ -87,9 +90,10 @@ def run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats)
                     note_stage(exn, stage.name, chunk[index])  # the sample as it came in: its key and URL
                     try:
                         skip = stage.handler(exn)
-                    except BaseException as raised:
+                    except Exception as raised:  # the samples before it go on first, as in a generator pipeline
                         note_stage(raised, stage.name, chunk[index])
-                        raise
+                        append(Failure(raised))
+                        return out
                     if not skip:
                         append(STOP)
                         return out

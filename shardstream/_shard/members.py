@@ -59,6 +59,7 @@ def iter_members(
     for chunk in chunks:
         yield from reader.feed(chunk)
     yield from _closed(reader, url)
+    reader.close()  # (raises an error kept back behind the last member)
 
 
 def chunk_member_batches(
@@ -82,6 +83,7 @@ def chunk_member_batches(
                 info["compressed"] = reader.compressed
             yield members
         yield _closed(reader, url)
+        reader.close()  # (raises an error kept back behind the last member)
     except FetchError as exn:  # the transfer broke: say inside which member, as format errors do
         raise exn.with_location(member=reader.pending_member)
     finally:
@@ -160,6 +162,7 @@ def mapped_member_batches(
             check(view, stop)
         rest = view[pos:stop].tobytes() if pos < stop else b""
         yield reader.feed(rest) + _closed(reader, url)
+        reader.close()  # (raises an error kept back behind the last member)
     finally:
         if view is not None:
             view.release()

@@ -125,6 +125,7 @@ class TarReader:
         self._queue: List[bytes] = []  # chunks held back until _need bytes are there
         self._queued = 0
         self._need = BLOCK  # bytes from _pos needed before parsing can make progress
+        self._need_data = BLOCK  # of those, the bytes up to the end of a regular member's data (the rest: padding)
         self._stalled: Optional[tuple] = None  # (member, offset) of the header waiting for data
         self._ext: Optional[_Extension] = None
         self._dangling: Optional[int] = None  # offset of extension headers no member followed yet
@@ -266,7 +267,9 @@ class TarReader:
         return self._parse()
 
     def close(self) -> List[TarMember]:
-        """Signal the end of input; raise FormatError if the archive (or gzip stream) is incomplete."""
+        """Signal the end of input; raise FormatError if the archive (or gzip stream) is incomplete.
+        A shard cut inside the padding after its last member's data hands that member out here,
+        as tarfile does, and raises on the next call: call `close` again after using it."""
         if self._error is not None:
             raise self._error
         if self._head:  # the start of a codec's magic, then the end: not compressed after all
@@ -285,7 +288,20 @@ class TarReader:
             return []
         left = len(self._buf) - self._pos + self._queued
         if left >= BLOCK:
-            raise self._fail(f"truncated tar member ({left} of {self._need} bytes present)", member, offset)
+            error = self._fail(f"truncated tar member ({left} of {self._need} bytes present)", member, offset)
+            if left < self._need_data:
+                raise error
+            # Cut inside the padding after a member's data: the member is whole. tarfile (so
+            # webdataset) hands it out, then fails at the next header; so do we, raising on the
+            # next call. The padding's zeros stand in for the bytes the cut took.
+            rest = bytes(self._buf[self._pos :]) + b"".join(self._queue) + bytes(self._need - left)
+            last: List[TarMember] = []
+            base, self._base = self._base, self._base + self._pos  # (offsets count from `rest`'s start)
+            try:
+                self._step(rest, 0, last)
+            finally:
+                self._base, self._error = base, error
+            return last
         if left and self._ext is None and not any(bytes(self._buf[self._pos :]) + b"".join(self._queue)):
             left = 0  # zeros short of a block after the last member: padding, not a header (tarfile agrees)
         if left:
@@ -469,7 +485,7 @@ class TarReader:
         if typ not in _DATALESS:  # (extensions returned above)
             stop += (size + 511) & -512
         if stop > len(buf):
-            return self._stall(pos, stop, name, offset)
+            return self._stall(pos, stop, name, offset, pos + BLOCK + size if regular else stop)
         if regular:
             out.append(TarMember(name, buf[pos + BLOCK : pos + BLOCK + size] if self._payloads else b"", offset))
         elif self._others is not None and typ in _NOT_FILES:
@@ -495,13 +511,16 @@ class TarReader:
         self._tail_at += whole
         self._tail_partial = data[whole:]
 
-    def _stall(self, pos: int, stop: int, member: str, offset: int) -> int:
-        if self._size is not None and not self._compressed and self._base + stop > self._size:
+    def _stall(self, pos: int, stop: int, member: str, offset: int, data_end: Optional[int] = None) -> int:
+        """Wait for the bytes up to `stop`; `data_end`: where a regular member's data ends (before
+        its padding: a shard cut inside the padding still hands out the member, see `close`)."""
+        data_end = stop if data_end is None else data_end
+        if self._size is not None and not self._compressed and self._base + data_end > self._size:
             raise self._fail(
                 f"truncated tar member: it needs {stop - pos} bytes from its header, the shard has "
                 f"{self._size - self._base - pos} left", member, offset,
             )
-        self._need, self._stalled = stop - pos, (member, offset)
+        self._need, self._need_data, self._stalled = stop - pos, data_end - pos, (member, offset)
         return pos
 
 
