@@ -35,6 +35,20 @@ def test_a_glob_names_the_files_it_matches_sorted(folder):
     assert len(list(wds.WebDataset(folder + "/train-00[01].tar", shardshuffle=False))) == 6
 
 
+@pytest.mark.parametrize("name, other", [("train[1].tar", "train1.tar"), ("a*b.tar", "aXXb.tar"), ("only[2].tar", None)])
+def test_a_file_whose_name_holds_glob_characters_is_read_as_named(tmp_path, name, other):
+    """webdataset opens `train[1].tar` as named; it was expanded as a glob, which read
+    `train1.tar` instead (no error), both `a*b.tar` and `aXXb.tar`, or nothing at all."""
+    write_tar(str(tmp_path / name), [("named.txt", b"x")])
+    if other:
+        write_tar(str(tmp_path / other), [("other.txt", b"x")])
+    path = str(tmp_path / name)
+    for spec in (path, [path], "file://" + path):
+        assert [s["__key__"] for s in wds.WebDataset(spec, shardshuffle=False)] == ["named"]
+    assert wds.SimpleShardList(path).urls == [path]
+    assert len(wds.SimpleShardList(str(tmp_path / "*.tar")).urls) == (2 if other else 1)  # (a glob is still one)
+
+
 def test_a_missing_folder_is_shard_not_found_naming_it(tmp_path):
     with pytest.raises(wds.ShardNotFound, match="cannot list the folder") as info:
         wds.WebDataset(str(tmp_path / "gone") + "/", shardshuffle=False)

@@ -23,11 +23,17 @@ SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")  # what a lo
 
 def needs_listing(url: str) -> bool:
     """True for an S3 prefix (trailing /) or glob, or a local glob or folder (trailing /; a path or
-    a file: URL)."""
+    a file: URL). A local file whose name holds glob characters is no glob."""
     if url.startswith("s3://"):
         return url.endswith("/") or any(c in url[5:] for c in _GLOB)
     path = local_path_of(url)
-    return path is not None and (path.endswith("/") or any(c in path for c in _GLOB))
+    if path is None:
+        return False
+    if path.endswith("/"):
+        return True
+    # A file that exists is read as named, glob characters and all (`train[1].tar`), as
+    # webdataset opens it: a glob would read `train1.tar` instead, or nothing.
+    return any(c in path for c in _GLOB) and not os.path.isfile(path)
 
 
 def expand_listings(urls: List[str]) -> List[str]:
