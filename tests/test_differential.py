@@ -106,6 +106,14 @@ def test_samples_have_webdataset_fields(shardset):
     assert s7["txt"] == b""
 
 
+def test_sample_fields_come_in_webdatasets_order(shardset):
+    """Code that reads a sample's values by position (`tuple(sample.values())`) gets the same
+    fields: `__local_path__` stood third, where webdataset has it after the first field."""
+    expected, actual = run(lambda wds, s: wds.WebDataset(s, shardshuffle=False), shardset)
+    assert [list(sample) for sample in actual] == [list(sample) for sample in expected]
+    assert list(expected[0]).index("__local_path__") == 3
+
+
 def test_batches_collate_like_webdataset(shardset):
     build = (
         lambda wds, s: wds.WebDataset(s[4:5], shardshuffle=False)

@@ -100,11 +100,11 @@ def shard_samples(
                                     return
                     current_key = key
                     current = {"__key__": key, "__url__": url}
-                    if local_path is not None:
-                        current["__local_path__"] = local_path
                     if ext in current:  # a member named like a field we set (`a.__key__`)
                         raise FormatError(f"duplicate file name in tar file: {ext!r}", url=url, member=name, offset=offset)
                     current[ext] = data
+                    if local_path is not None:  # (after the first field, where webdataset's dict has it)
+                        current["__local_path__"] = local_path
                 elif ext in current:  # type: ignore[operator]
                     raise FormatError(f"duplicate file name in tar file: {ext!r}", url=url, member=name, offset=offset)
                 else:
