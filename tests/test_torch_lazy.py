@@ -22,6 +22,14 @@ import torch, torch.utils.data as data
 ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("__key__")
 assert isinstance(ds, data.IterableDataset)
 assert sum(1 for _ in data.DataLoader(ds, batch_size=None, num_workers=2)) == sum(1 for _ in ds)
+# what torch's IterableDataset gives webdataset's classes: `+` chains, indexing is not implemented
+chained = ds + wds.SimpleShardList(shards)
+assert isinstance(chained, data.ChainDataset) and len(list(chained)) == sum(1 for _ in ds) + len(shards)
+try:
+    ds[0]
+    raise AssertionError("indexing a dataset worked")
+except NotImplementedError:
+    pass
 print("ok")
 """
 

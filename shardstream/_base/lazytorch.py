@@ -29,10 +29,20 @@ __all__ = [
 
 
 class IterableDataset:
-    """Base of shardstream's datasets; a virtual subclass of torch's IterableDataset."""
+    """Base of shardstream's datasets; a virtual subclass of torch's IterableDataset, with what
+    that class gives its subclasses: `a + b` chains (torch's `ChainDataset`), and indexing
+    raises NotImplementedError, as torch's `Dataset.__getitem__` does."""
 
     def __iter__(self):  # pragma: no cover - subclasses override
         raise NotImplementedError
+
+    def __add__(self, other: Any) -> Any:
+        from torch.utils.data import ChainDataset
+
+        return ChainDataset([self, other])
+
+    def __getitem__(self, index: Any) -> Any:
+        raise NotImplementedError("Subclasses of Dataset should implement __getitem__.")
 
 
 _lock = threading.Lock()
