@@ -162,9 +162,10 @@ def test_compressed_tars_match_webdataset(compress, magic):
     assert_same_members(ours, theirs)
 
 
-def test_tar_format_is_honoured():
+@pytest.mark.parametrize("ustar", ["USTAR_FORMAT", tarfile.USTAR_FORMAT])  # (the constant is 0)
+def test_tar_format_is_honoured(ustar):
     stream = io.BytesIO()
-    with sw.TarWriter(stream, format="USTAR_FORMAT", mtime=1234.5) as writer:
+    with sw.TarWriter(stream, format=ustar, mtime=1234.5) as writer:
         writer.write({"__key__": "k", "txt": "x"})
     info, payload = members(stream.getvalue())[0]
     assert info.pax_headers == {} and info.mtime == 1234 and payload == b"x"

@@ -59,7 +59,8 @@ def open_destination(url: str) -> Tuple[BinaryIO, bool]:
 
 def _tar_format(format: Any) -> Optional[int]:  # noqa: A002 - webdataset's option name
     # Accepts tarfile constants and their names ("USTAR_FORMAT"), plus "ustar", "gnu", "pax".
-    if not format:
+    # (None is tarfile's default, PAX; tarfile.USTAR_FORMAT is 0, so no truth test here.)
+    if format is None or format == "":
         return None
     if isinstance(format, str):
         found = getattr(tarfile, format, None)
