@@ -84,7 +84,8 @@ class watch:
 
 async def _watch() -> None:
     while _watched:
-        await asyncio.sleep(TICK)
+        # (a quarter of the shortest warning time: a short stall_timeout is warned about in time)
+        await asyncio.sleep(max(0.05, min([TICK, *(warn_after(s.stall_timeout) / 4 for s in _watched.values())])))
         now = time.monotonic()
         for silence in list(_watched.values()):
             quiet = now - silence.last
