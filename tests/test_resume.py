@@ -821,7 +821,7 @@ def test_fewer_samples_per_rank_than_workers(monkeypatch, tmp_path):
         keys += got
     assert len(set(keys)) == 3
     monkeypatch.setenv("WORLD_SIZE", "8")
-    with pytest.raises(ValueError, match="fewer than the 8 ranks"):
+    with pytest.raises(wds.UsageError, match="fewer than the 8 ranks"):
         list(wds.WebDataset([shard], shardshuffle=False, nodesplitter=wds.split_by_node))
 
 

@@ -235,7 +235,7 @@ class EqualSplit(PipelineStage):
             if counts is None:
                 plan = scheduler.shard_plan(epoch, rank, world, worker, workers)
             elif not scheduler.samples_per_rank(epoch, world):
-                raise ValueError(
+                raise UsageError(
                     f"the epoch has {sum(counts)} samples in {len(urls)} shards: "
                     f"fewer than the {world} ranks, so every rank would get none"
                 )
