@@ -346,6 +346,8 @@ def test_a_shard_cut_at_a_member_boundary_fails_when_its_count_says_more(tmp_pat
     (tmp_path / "sizes.json").write_text(json.dumps({"cut.tar": 6}))  # written before the shard lost samples
     code, out = _cli("verify", shard, cwd=tmp_path)
     assert code == 1 and "sizes.json / .idx says 6" in out
+    summary = json.loads(out.strip().splitlines()[-1])  # a shard read to its end: its figures count
+    assert (summary["shards"], summary["samples"], summary["failed"]) == (1, 4, 1)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     other = write_tar(str(tmp_path / "other.tar"), [m for i in range(10, 16) for m in sample_members(i, exts=("cls",))])
