@@ -267,3 +267,32 @@ def test_openclip_style_url_opener_over_http_survives_resets(served, shardset):
     files = list(tar_file_expander(url_opener([dict(url=u) for u in urls])))
     expected = list(wds.tariterators.tar_file_expander(wds.tariterators.url_opener([dict(url=p) for p in shardset])))
     assert [(f["fname"], f["data"]) for f in files] == [(f["fname"], f["data"]) for f in expected]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("handler", ["reraise_exception", "warn_and_continue"])
+def test_closing_a_pass_does_not_wait_for_a_silent_transfer(tmp_path, handler):
+    """A `break` (or Ctrl-C) while the reader waits for a stalled server: the reader's thread
+    waited on the stream's buffer, deaf to the engine's stop, and closing the pass waited out its
+    5 s join; now the wait sees the stop. Under a continuing handler the stop is not taken for a
+    shard's error (no warning, no next shard)."""
+    import threading
+    import time
+
+    from shardsets import write_tar
+
+    write_tar(str(tmp_path / "a.tar"), [("s0.txt", b"x"), ("s1.txt", b"y"), ("s2.bin", bytes(1 << 20))])
+    with ShardServer(str(tmp_path)) as server:
+        server.options.stall_rate, server.options.stall_seconds, server.options.cut_fraction = 1.0, 20.0, 0.3
+        dataset = wds.WebDataset(server.url("a.tar"), shardshuffle=False, handler=getattr(wds, handler),
+                                 fetch_options=wds.FetchOptions(stall_timeout=60, parallel_parts=1))
+        it = iter(dataset)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (a warning from the handler would fail here)
+            assert next(it)["__key__"] == "s0"
+            time.sleep(0.5)  # the reader is waiting for s2's bytes, in the stall
+            start = time.monotonic()
+            it.close()
+            took = time.monotonic() - start
+        assert took < 2.0, took
+        assert not [t for t in threading.enumerate() if t.name.startswith("shardstream-SimpleShardList")]

@@ -12,15 +12,12 @@ import threading
 import time
 from typing import Any, Optional
 
+from .._base.cancel import Stopped
 from .stats import QueueStats
 
 __all__ = ["Channel", "END", "Failure", "Stopped"]
 
 _POLL_S = 0.05
-
-
-class Stopped(Exception):
-    """The run was stopped while this thread waited."""
 
 
 class Failure:

@@ -23,6 +23,7 @@ from .channel import END, Channel, Failure, Stopped
 from .config import EngineConfig
 from .pool import get_pool
 from .._base.counters import Counters
+from .._base.cancel import set_stop
 from .._base.errors import note_stage
 from .segments import STOP, Segment, run_task, split_segments, tracked
 from .stats import PipelineStats, StageStats
@@ -162,6 +163,7 @@ class _Run:
 
     def _stream_worker(self, segment, upstream, out, parallel, stats, pstats) -> None:
         source = None
+        set_stop(self.stop)  # (a stream's wait for the network ends when the run stops)
         try:
             source, where = self._input(segment, upstream)
             if parallel is None:

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any, Optional
 
+from .._base.cancel import Stopped, current_stop
 from .._base.counters import Counters
 from .._base.errors import FetchError
 from .loop import get_loop, run_coroutine
@@ -25,6 +26,7 @@ __all__ = ["ChunkStream", "open_stream"]
 # --- the bridge to consumer threads -------------------------------------------------------------
 
 _END: Any = object()
+_STOP_POLL_S = 0.1  # how often a wait for the network looks at its thread's stop event
 
 
 class _Failure:
@@ -77,7 +79,9 @@ class _Buffer:
                 self.cond.notify_all()
 
     def get(self) -> Any:
-        """Consumer side: the next chunk, _END or _Failure, waiting while there is none."""
+        """Consumer side: the next chunk, _END or _Failure, waiting while there is none; raises
+        `Stopped` once this thread's stop event (`current_stop`) is set while it waits."""
+        stop = current_stop()
         with self.cond:
             while not self.items:
                 if self.closed:  # closed by another thread while this one waited
@@ -85,7 +89,12 @@ class _Buffer:
                 if not self.demand.waiting:
                     self.demand.waiting = True
                     self.loop.call_soon_threadsafe(self.demand.fire)
-                self.cond.wait()
+                if stop is None:
+                    self.cond.wait()
+                elif stop.is_set():
+                    raise Stopped()
+                else:
+                    self.cond.wait(_STOP_POLL_S)
             self.demand.waiting = False
             item = self.items[0]
             if item.__class__ is not bytes:
