@@ -39,7 +39,7 @@ class IterableDataset:
     def __add__(self, other: Any) -> Any:
         from torch.utils.data import ChainDataset
 
-        return ChainDataset([self, other])
+        return ChainDataset([self, other])  # type: ignore[list-item]  # (a virtual subclass)
 
     def __getitem__(self, index: Any) -> Any:
         raise NotImplementedError("Subclasses of Dataset should implement __getitem__.")
