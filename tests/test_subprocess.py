@@ -323,6 +323,29 @@ def test_unpicklable_dataset_fails_at_iter_here(shardset):
         iter(SubprocessLoader(dataset))
 
 
+_GUARDED_SCRIPT = """
+import sys
+import shardstream as wds
+if __name__ == "__main__":
+    def tag(sample):
+        return sample
+    try:
+        list(wds.SubprocessLoader(wds.WebDataset(sys.argv[1:], shardshuffle=False).map(tag)))
+    except wds.UsageError as exn:
+        print("UsageError:", exn)
+"""
+
+
+def test_a_function_under_the_main_guard_is_a_usage_error_that_says_so(shardset, tmp_path):
+    """The helper imports the main script without running its `if __name__ == "__main__":` block:
+    a function defined there cannot be found, which came as a bare AttributeError from pickle."""
+    script = tmp_path / "train.py"
+    script.write_text(_GUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), *shardset], capture_output=True, text=True, timeout=120)
+    assert "UsageError:" in done.stdout and "'tag'" in done.stdout and "top level of a module" in done.stdout, (
+        done.stdout + done.stderr)
+
+
 def test_error_in_helper_is_raised_here_with_its_traceback(shardset):
     dataset = wds.WebDataset(shardset, shardshuffle=False).map(_boom).to_tuple("__key__", "__url__")
     with pytest.raises(ValueError, match="boom at") as info:

@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from .._base.errors import UsageError
 from .._engine.channel import Stopped
 from .._engine.config import EngineConfig, set_engine_defaults
 from .shm import SegmentWriter, unlink_segments
@@ -89,6 +90,22 @@ def helper_main(conn: Any, recipe: bytes, options: HelperOptions) -> None:
     _Helper(conn, options).run(recipe)
 
 
+def _rebuild(recipe: bytes) -> Any:
+    """The dataset from its pickle. A function of the parent's main script that the helper cannot
+    find (defined under `if __name__ == "__main__":`, which the helper does not run) is a
+    UsageError that says so, not a bare AttributeError from pickle."""
+    try:
+        return pickle.loads(recipe)
+    except AttributeError as exn:
+        if "__mp_main__" not in str(exn) and "__main__" not in str(exn):
+            raise
+        raise UsageError(
+            f"SubprocessLoader's helper process cannot rebuild the dataset: {exn}. The helper imports your main "
+            "script without running its `if __name__ == \"__main__\":` block, so the functions in the pipeline "
+            "must be defined at the top level of a module, outside that block"
+        ) from None
+
+
 def _one_torch_thread() -> None:
     """torch ops in the helper run on one intra-op thread, as in a DataLoader worker: the helper's
     parallelism is its engine's threads, and torch's default (one thread per core) beside the
@@ -114,7 +131,7 @@ class _Helper:
     def run(self, recipe: bytes) -> None:
         threading.Thread(target=self._listen, name="shardstream-helper-listener", daemon=True).start()
         try:
-            source = pickle.loads(recipe)
+            source = _rebuild(recipe)
             _one_torch_thread()
             pipeline = pipeline_of(source)
             if pipeline is not None and pipeline.passes_started:
