@@ -11,6 +11,7 @@ Under `enforce_security` local files, pipes and `GOPEN_REWRITE` are refused, as 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -66,7 +67,10 @@ def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any)
     if mode == "rb":
         if fetches_natively(url):  # http(s), s3 and schemes added with register_fetcher
             return open_http(url, bufsize)
-        return open_url(url, allow_pipe=allow)
+        stream = open_url(url, allow_pipe=allow)
+        if isinstance(stream, io.FileIO):  # a local file: buffered, as webdataset's (`peek`, `read1`)
+            return io.BufferedReader(stream, buffer_size=max(bufsize, io.DEFAULT_BUFFER_SIZE))
+        return stream
     path = local_path_of(url)
     if path is not None:
         return open(path, mode)

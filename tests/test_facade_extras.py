@@ -205,6 +205,8 @@ def test_gopen_file_pipe_and_error_like_webdataset(tmp_path, monkeypatch):
     for url in (str(path), f"file://{path}"):
         with ours.gopen_file(url) as a, theirs.gopen_file(url) as b:
             assert a.read() == b.read() == b"\x00data"
+        with ours.gopen(url) as a, theirs.gopen(url) as b:  # buffered both: peek works
+            assert type(a) is type(b) and a.peek(1)[:1] == b.peek(1)[:1] == b"\x00" and a.read() == b.read()
     monkeypatch.setattr(shardstream._fetch.open, "_pipe_switch", False)
     with pytest.raises(ValueError, match="off by default"):  # divergence: pipes are opt-in
         ours.gopen_pipe(f"pipe:cat {path}")
