@@ -48,9 +48,12 @@ def test_the_first_retry_is_a_warning_naming_url_reason_and_attempt(files, caplo
 
 
 @pytest.mark.timeout(60)
-def test_a_silent_transfer_is_reported_before_its_stall_timeout(files, caplog):
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_silent_transfer_is_reported_before_its_stall_timeout(files, caplog, beside):
     """A short stall_timeout is warned about in time: the watchdog looked once a second, so a
-    transfer silent for 0.8 s under a 1.2 s timeout (warned at 0.4 s) went unreported."""
+    transfer silent for 0.8 s under a 1.2 s timeout (warned at 0.4 s) went unreported; so it
+    did when the watchdog was asleep for a second already (`beside`: a transfer under the
+    default timeout was open)."""
     root, contents = files
     data = contents["x.bin"]
     options = FetchOptions(stall_timeout=1.2, parallel_parts=1, chunk_size=16 * KIB)  # warns after 0.4 s
@@ -58,8 +61,15 @@ def test_a_silent_transfer_is_reported_before_its_stall_timeout(files, caplog):
         server.options.seed = 1
         server.options.stall_rate = 1.0
         server.options.stall_seconds = 0.8  # quiet for 0.8 s, then the rest: under the timeout
-        with caplog.at_level(logging.WARNING, logger="shardstream"):
-            assert _read(server.url("x.bin"), options) == data
+        other = open_stream(server.url("x.bin"), options=FetchOptions(parallel_parts=1)) if beside else None
+        try:
+            if other is not None:
+                next(other)  # (its transfer is watched: the watchdog sleeps a second between looks)
+            with caplog.at_level(logging.WARNING, logger="shardstream"):
+                assert _read(server.url("x.bin"), options) == data
+        finally:
+            if other is not None:
+                other.close()
     quiet = [r.getMessage() for r in caplog.records if "no bytes from" in r.getMessage()]
     assert len(quiet) == 1 and "x.bin" in quiet[0] and "stall_timeout" in quiet[0]
 

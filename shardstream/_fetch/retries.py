@@ -74,6 +74,9 @@ class watch:
     def __enter__(self) -> Silence:
         global _watchdog
         _watched[id(self.silence)] = self.silence
+        if _watchdog is not None and not _watchdog.done() and _tick(self.silence) < _sleeping:
+            _watchdog.cancel()  # (asleep for longer than this transfer may be silent: start over)
+            _watchdog = None
         if _watchdog is None or _watchdog.done():
             _watchdog = asyncio.get_running_loop().create_task(_watch())
         return self.silence
@@ -82,10 +85,19 @@ class watch:
         _watched.pop(id(self.silence), None)
 
 
+def _tick(silence: Silence) -> float:
+    """How often to look at a transfer: a quarter of its warning time (at most TICK)."""
+    return max(0.05, min(TICK, warn_after(silence.stall_timeout) / 4))
+
+
+_sleeping = TICK  # how long the watchdog sleeps between looks now
+
+
 async def _watch() -> None:
+    global _sleeping
     while _watched:
-        # (a quarter of the shortest warning time: a short stall_timeout is warned about in time)
-        await asyncio.sleep(max(0.05, min([TICK, *(warn_after(s.stall_timeout) / 4 for s in _watched.values())])))
+        _sleeping = min(_tick(silence) for silence in _watched.values())
+        await asyncio.sleep(_sleeping)
         now = time.monotonic()
         for silence in list(_watched.values()):
             quiet = now - silence.last

@@ -100,11 +100,14 @@ def shard_samples(
                                     return
                     current_key = key
                     current = {"__key__": key, "__url__": url}
-                    if ext in current:  # a member named like a field we set (`a.__key__`)
-                        raise FormatError(f"duplicate file name in tar file: {ext!r}", url=url, member=name, offset=offset)
-                    current[ext] = data
+                    # (a member named like a field we set, `a.__key__`, is a duplicate)
+                    duplicate = ext in current or (ext == "__local_path__" and local_path is not None)
+                    if not duplicate:
+                        current[ext] = data
                     if local_path is not None:  # (after the first field, where webdataset's dict has it)
                         current["__local_path__"] = local_path
+                    if duplicate:
+                        raise FormatError(f"duplicate file name in tar file: {ext!r}", url=url, member=name, offset=offset)
                 elif ext in current:  # type: ignore[operator]
                     raise FormatError(f"duplicate file name in tar file: {ext!r}", url=url, member=name, offset=offset)
                 else:
