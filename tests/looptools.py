@@ -14,10 +14,12 @@ from shardstream._fetch.loop import run_coroutine
 
 
 def loop_tasks():
-    """The tasks on the shared loop (other than the one asking)."""
+    """The tasks on the shared loop (other than the one asking, and the stall watchdog, which
+    comes and goes with the transfers it watches and restarts to look more often)."""
 
     async def others():
-        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+        return {t for t in asyncio.all_tasks()
+                if t is not asyncio.current_task() and t.get_coro().__qualname__ != "_watch"}
 
     return run_coroutine(others()).result(5)
 
