@@ -601,6 +601,30 @@ def test_a_shard_cut_short_without_an_error_is_read_but_not_cached(tmp_path, cap
         assert vault.read(url) == keys and len(vault.fetched) == 2  # a hit
 
 
+@pytest.mark.parametrize("cut", [None, "in-the-member", "at-its-end"])
+def test_a_pax_size_is_applied_when_the_cache_walks_a_shard(tmp_path, caplog, cut):
+    """A member over 8 GiB has its size in a PAX record (the header's field cannot hold it;
+    here it is zeroed): the walk stepped by the field, walked off the headers, gave up and kept
+    a shard cut short inside such a member. Now it applies the record, as the reader does."""
+    from tarvectors import VECTORS
+
+    whole = VECTORS["pax_size_override"]
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        member = [m for m in tar.getmembers() if m.name == "overridden.bin"][0]
+    ends = {None: len(whole), "in-the-member": member.offset_data + 400, "at-its-end": member.offset_data + member.size}
+    url = "paxvault://b/a.tar"
+    with _Vault("paxvault", {url: whole[: ends[cut]]}, tmp_path, chunk=300) as vault:  # (records split between chunks)
+        with caplog.at_level(logging.WARNING):
+            if cut is None:
+                assert vault.read(url) == ["a", "overridden", "b"] == vault.read(url)
+            else:
+                with pytest.raises(wds.FormatError):
+                    vault.read(url)
+        assert len(vault.fetched) == 1  # (whole: the second read is a hit)
+        told = [r for r in caplog.records if "not cached" in r.getMessage()]
+        assert bool(told) == (cut is not None)
+
+
 _CODECS = {"gz": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}
 
 

@@ -24,7 +24,8 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 
 from .._base.errors import FormatError, UsageError, redact_url
 from .._tar.codecs import MAGIC_BYTES, sniff
-from .._tar.reader import header_span
+from .._tar.headers import number_field, pax_records
+from .._tar.reader import DATALESS, EXTENSIONS, header_span
 from .check import CorruptCacheFile, Resume, VerifiedFile
 from .claims import ClaimsAhead, release_claims
 from .share import follow
@@ -463,8 +464,9 @@ def _judge(tar_end: "_TarEnd", chunks: object, batch: List[bytes]) -> Optional["
 
 class _TarEnd:
     """Whether a stream from the origin is a whole archive, judged from the batches handed to
-    the writers. A plain tar is walked header to header (each header's size says where the next
-    is due): it is whole once a zero block stands where a header is due, whatever follows (record
+    the writers. A plain tar is walked header to header (each header's size, or the `size` record
+    of a PAX header before it, says where the next is due): it is whole once a zero block stands
+    where a header is due, whatever follows (record
     padding, a signature), as the reader reads it. A plain tar that stops before that block (cut
     at a member boundary or inside a member, by a transport that could not tell) is not kept, nor
     is a stream too short to tell what it is. A gzip, xz or bzip2 stream is inflated as it comes
@@ -478,6 +480,9 @@ class _TarEnd:
         self.cut = b""  # the start of a header split between two chunks
         self.judged = True  # False: not a tar walked to its end (other data)
         self.ended = False  # the end-of-archive block stood where a header was due
+        self._pax: Optional[bytearray] = None  # the records of a PAX header, being collected
+        self._pax_from = self._pax_end = 0  # where the rest of them is, in the stream
+        self._pax_size: Optional[int] = None  # the size a PAX header gave the member after it
         # the first chunks, until `sniff` can tell the codec (then None; at once for what a codec inflated)
         self._early: Optional[List[bytes]] = None if inflated else []
         self._inflater = None  # the codec's inflater of a compressed stream
@@ -509,7 +514,17 @@ class _TarEnd:
         for chunk in batch:
             start = self.seen
             self.seen += len(chunk)
-            while self.judged and not self.ended and self.due < self.seen:
+            while self.judged and not self.ended:
+                if self._pax is not None:  # (a PAX header's records lie between it and the next header)
+                    low, high = max(self._pax_from, start), min(self._pax_end, self.seen)
+                    if high > low:
+                        self._pax += chunk[low - start : high - start]
+                        self._pax_from = high
+                    if self._pax_from < self._pax_end:
+                        break
+                    self._read_pax(bytes(self._pax))
+                if self.due >= self.seen:
+                    break
                 if self.cut:  # (the header began in the chunk before: it goes on at this one's start)
                     header = self.cut + chunk[: BLOCK - len(self.cut)]
                 else:
@@ -528,7 +543,24 @@ class _TarEnd:
         if span is None:  # no tar header here (other data): the reader fails it or reads it
             self.judged = False
             return
+        kind = header[156:157]
+        if kind in (b"x", b"X"):  # PAX records for the next member: collect them (its size may be there)
+            self._pax, self._pax_from = bytearray(), self.due + BLOCK
+            self._pax_end = self._pax_from + number_field(header[124:136])
+        elif self._pax_size is not None and kind not in EXTENSIONS:  # the member they describe
+            if kind not in DATALESS:
+                span = BLOCK + ((self._pax_size + 511) & -512)
+            self._pax_size = None
         self.due += span
+
+    def _read_pax(self, records: bytes) -> None:
+        self._pax = None
+        try:
+            size = pax_records(records).get("size")
+            if size is not None and self._pax_size is None:  # (the first header that sets it wins, as in the reader)
+                self._pax_size = int(size)
+        except ValueError:  # the reader fails the shard there
+            self.judged = False
 
     def whole(self, url: Optional[str]) -> bool:
         """Whether the stream may be kept; a WARNING naming `url` when not."""

@@ -25,7 +25,7 @@ from .._base.errors import FormatError
 from .codecs import GzipInflater, sniff
 from .headers import changes_member, header_checksum_ok, number_field, pax_records, text_field
 
-__all__ = ["TAIL_SCAN", "TarMember", "TarReader", "header_span"]
+__all__ = ["DATALESS", "EXTENSIONS", "TAIL_SCAN", "TarMember", "TarReader", "header_span"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -37,9 +37,11 @@ _NOT_FILES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device"
               b"6": "FIFO"}  # what `others` hears of (directories are implied by the files' names)
 _GNU_TYPES = (b"L", b"K", b"S")  # the USTAR prefix field means something else in these
 _EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # headers that describe the next member (or all: g)
+EXTENSIONS = _EXTENSIONS  # (for a walk of headers elsewhere: the cache's)
 # Every other type has data after its header (padded to blocks): regular files, extensions and
 # types tarfile does not know.
 _DATALESS = frozenset(_SUPPORTED) - frozenset(_REGULAR) - frozenset(_EXTENSIONS)
+DATALESS = _DATALESS  # (for a walk of headers elsewhere: the cache's)
 _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
 # After the end-of-archive block, a valid header this close means a damaged shard or concatenated
 # archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB) is zeros.
@@ -52,7 +54,7 @@ def header_span(hdr: bytes) -> Optional[int]:
     after it (padded to blocks), for a caller that finds where an archive ends without parsing
     it. None when `hdr` is no header: neither the ustar magic nor a valid checksum (the reader
     checks every checksum; the magic alone is a fifth of the cost). A PAX `size` record (members
-    over 8 GiB) is not applied: such an archive walks off its headers (a later step gives None)."""
+    over 8 GiB) is the caller's to apply: its header's span is its records' (see the cache's walk)."""
     if len(hdr) != BLOCK or (hdr[257:262] != b"ustar" and not header_checksum_ok(hdr)):
         return None
     try:
