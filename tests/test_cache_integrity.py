@@ -650,15 +650,23 @@ def test_a_compressed_shard_cut_short_without_an_error_is_not_cached(tmp_path, c
         assert vault.read(url) == keys and len(vault.fetched) == 2  # a hit
 
 
+_WRAPS = {  # how the shard is made from the tar and the bytes after it
+    "plain": lambda tar, after: tar + after,
+    "gz": lambda tar, after: gzip.compress(tar + after),
+    "after-the-gz": lambda tar, after: gzip.compress(tar) + after,
+    "after-the-bz2": lambda tar, after: bz2.compress(tar) + after,
+}
+
+
 @pytest.mark.parametrize("after", [b"", b"SIGNATURE-v1", b"X" * 512, b"\0" * 100])
-@pytest.mark.parametrize("gz", [False, True])
-def test_a_whole_shard_is_cached_whatever_follows_its_end_of_archive(tmp_path, caplog, after, gz):
+@pytest.mark.parametrize("wrap", sorted(_WRAPS))
+def test_a_whole_shard_is_cached_whatever_follows_its_end_of_archive(tmp_path, caplog, after, wrap):
     """The reader stops at the end-of-archive block and reads past what follows (record padding,
-    a signature); the cache judges the same way, and keeps such a shard, plain or gzipped."""
-    whole = _cut_tar(3) + after
-    if gz:
-        whole = gzip.compress(whole)
-    url = "wholevault://b/a.tar" + (".gz" if gz else "")
+    a signature), inside a compressed stream or after it; the cache judges the same way, and
+    keeps such a shard (it inflated the bytes after a compressed stream before it had walked to
+    the end of the archive, took them for a corrupt member and kept nothing)."""
+    whole = _WRAPS[wrap](_cut_tar(3), after)
+    url = "wholevault://b/a.tar" + ("" if wrap == "plain" else ".bz2" if "bz2" in wrap else ".gz")
     with _Vault("wholevault", {url: whole}, tmp_path, chunk=7777) as vault:  # (headers split between chunks)
         with caplog.at_level(logging.WARNING):
             for _ in range(2):

@@ -74,6 +74,45 @@ def test_a_silent_transfer_is_reported_before_its_stall_timeout(files, caplog, b
     assert len(quiet) == 1 and "x.bin" in quiet[0] and "stall_timeout" in quiet[0]
 
 
+def _silent_read_in_child(url, queue):
+    said = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logging.getLogger("shardstream").addHandler(Keep())
+    options = FetchOptions(stall_timeout=1.2, parallel_parts=1, chunk_size=16 * KIB)
+    with open_stream(url, options=options) as stream:
+        size = sum(len(chunk) for chunk in stream)
+    queue.put((size, [m for m in said if "no bytes from" in m]))
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_reports_its_own_silent_transfers(files):
+    """A child forked while the parent's watchdog ran inherited that task (of the parent's loop,
+    dead in the child) and never started its own: no stall was reported in a forked worker."""
+    import multiprocessing
+
+    root, contents = files
+    with ShardServer(root) as server:
+        server.options.seed = 1
+        server.options.stall_rate = 1.0
+        server.options.stall_seconds = 0.8
+        other = open_stream(server.url("x.bin"), options=FetchOptions(stall_timeout=1.2, parallel_parts=1))
+        try:
+            next(other)  # (the parent's watchdog runs, looking as often as the child's would)
+            fork = multiprocessing.get_context("fork")
+            queue = fork.Queue()
+            child = fork.Process(target=_silent_read_in_child, args=(server.url("x.bin"), queue))
+            child.start()
+            size, quiet = queue.get(timeout=30)
+            child.join(10)
+        finally:
+            other.close()
+    assert size == len(contents["x.bin"]) and len(quiet) == 1, quiet
+
+
 @pytest.mark.timeout(60)
 def test_a_back_off_is_not_reported_as_the_servers_silence(files, caplog, monkeypatch):
     """A 429 with Retry-After 2 s, under a stall timeout that warns after 1 s: the wait is ours,

@@ -503,12 +503,15 @@ class _TarEnd:
         inflater, inner = self._inflater, self._inner
         for chunk in batch:
             self.seen += len(chunk)
-            out = [inflater.feed(chunk)]
-            while inflater.pending:  # (a member ended inside the chunk: the next one begins there)
-                out.append(inflater.feed(b""))
-            inner._walk([part for part in out if part])  # type: ignore[union-attr]
-            if inner.ended or not inner.judged:  # type: ignore[union-attr]
-                inflater.last_member = True  # (inflate that member to its trailer, ignore what follows)
+            piece = inflater.feed(chunk)
+            while True:  # (each member's output walked before the next member is inflated)
+                if piece:
+                    inner._walk([piece])  # type: ignore[union-attr]
+                if inner.ended or not inner.judged:  # type: ignore[union-attr]
+                    inflater.last_member = True  # (inflate that member to its trailer, ignore what follows)
+                if not inflater.pending:  # (else a member ended inside the chunk: the next one begins there)
+                    break
+                piece = inflater.feed(b"")
 
     def _walk(self, batch: List[bytes]) -> None:
         for chunk in batch:

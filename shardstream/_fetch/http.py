@@ -201,7 +201,7 @@ class _Transfer:
         if size is not None and _stated_size(resp) == size and self.other_copies < OTHER_COPY_ASKS:
             self.other_copies += 1
             parts = urllib.parse.urlsplit(self.url)
-            origin = f"{parts.scheme}://{parts.hostname}:{parts.port}"
+            origin = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
             if origin not in _told_other_copies:
                 _told_other_copies.add(origin)
                 logger.warning("%s: a response tags the object differently (%s) at the same size: another server's "

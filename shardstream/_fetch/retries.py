@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from typing import Any, Dict, Optional
@@ -91,6 +92,17 @@ def _tick(silence: Silence) -> float:
 
 
 _sleeping = TICK  # how long the watchdog sleeps between looks now
+
+
+def _forget_after_fork() -> None:
+    """A forked child has a loop of its own: the parent's watchdog task and transfers are not its."""
+    global _watchdog
+    _watchdog = None
+    _watched.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 async def _watch() -> None:
