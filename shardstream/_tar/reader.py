@@ -290,9 +290,10 @@ class TarReader:
             return []
         left = len(self._buf) - self._pos + self._queued
         if left >= BLOCK:
-            error = self._fail(f"truncated tar member ({left} of {self._need} bytes present)", member, offset)
             if left < self._need_data:
-                raise error
+                raise self._fail(f"truncated tar member ({left} of {self._need} bytes present)", member, offset)
+            error = self._fail(f"truncated tar archive: it ends inside the padding after this member's data "
+                               f"({self._need - left} bytes short), where the next header is due", member, offset)
             # Cut inside the padding after a member's data: the member is whole. tarfile (so
             # webdataset) hands it out, then fails at the next header; so do we, raising on the
             # next call. The padding's zeros stand in for the bytes the cut took.
