@@ -290,7 +290,7 @@ class TarReader:
             return []
         left = len(self._buf) - self._pos + self._queued
         if left >= BLOCK:
-            if left < self._need_data:
+            if not self._need_data <= left < self._need:  # (else only padding is missing: below)
                 raise self._fail(f"truncated tar member ({left} of {self._need} bytes present)", member, offset)
             error = self._fail(f"truncated tar archive: it ends inside the padding after this member's data "
                                f"({self._need - left} bytes short), where the next header is due", member, offset)
@@ -383,7 +383,8 @@ class TarReader:
                 pos = new_pos
                 plain = self._ext is None and not self._global_applies
             else:
-                self._need, self._stalled = BLOCK, None
+                self._need = self._need_data = BLOCK
+                self._stalled = None
         except FormatError:
             if not out:
                 raise
