@@ -131,6 +131,53 @@ def test_stats_are_structured_and_name_the_bottleneck(shardset):
     assert "verdict:" in stats.format()
 
 
+def _spin(sample):
+    """Two milliseconds or so of pure Python in steps that let go of the GIL between them, as
+    Pillow's decode does: with several threads, each step waits for the GIL."""
+    total = 0
+    for _ in range(20):
+        for i in range(2_000):
+            total += i
+        time.sleep(0)
+    return sample
+
+
+def test_the_default_pool_stops_at_eight_threads_and_the_verdict_names_the_gil(shardset, monkeypatch):
+    """On a many-core machine the default pool is capped (past a few cores the GIL, not the cores,
+    bounds Python per-sample work), and a GIL-bound parallel stage says so and points to processes."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    names = set()
+
+    def remember(sample):
+        names.add(threading.current_thread().name)
+        return _spin(sample)
+
+    it = iter(wds.WebDataset(shardset, shardshuffle=False).map(remember))
+    n = sum(1 for _ in it)
+    stats = it.stats()
+    parallel = [s for s in stats.stages if s["kind"] == "parallel"]
+    assert n > 0 and parallel[0]["workers"] == 8 and 1 <= len(names) <= 8
+    assert stats.cores == 64 and 0 < stats.cores_used < 0.6 * 8  # (this machine has 2 cores)
+    assert "map(remember)" in stats.verdict() and "holds the GIL" in stats.verdict()
+    assert "WebLoader(dataset, num_workers=N)" in stats.verdict()
+    assert stats.wall_s == it.stats().wall_s and stats.cpu_s == it.stats().cpu_s  # frozen at the end
+    assert "process CPU" in stats.format()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert wds.EngineConfig().resolved_threads() == 3  # cores + 1 below the cap
+    assert wds.EngineConfig(threads=12).resolved_threads() == 12  # asked for: not capped
+
+
+def test_the_verdict_names_the_gil_only_when_the_cores_idle():
+    from shardstream._engine.stats import PipelineStats
+
+    stage = {"name": "decode", "kind": "parallel", "workers": 8, "utilisation": 0.9}
+    busy = PipelineStats(wall_s=10.0, delivered=100, stages=[stage], consumer_wait_s=9.0, cpu_s=70.0, cores=8)
+    idle = PipelineStats(wall_s=10.0, delivered=100, stages=[stage], consumer_wait_s=9.0, cpu_s=20.0, cores=8)
+    unknown = PipelineStats(wall_s=10.0, delivered=100, stages=[stage], consumer_wait_s=9.0)
+    assert "GIL" not in busy.verdict() and "GIL" in idle.verdict() and "GIL" not in unknown.verdict()
+    assert "decode" in busy.verdict() and "2.0 of its 8 cores" in idle.verdict()
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

@@ -20,7 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .channel import END, Channel, Failure, Stopped
-from .config import EngineConfig
+from .config import EngineConfig, available_cores
 from .pool import get_pool
 from .._base.counters import Counters
 from .._base.cancel import set_stop
@@ -53,6 +53,8 @@ class _Run:
         self.pivot = pivot
         self.stop = threading.Event()
         self.started = time.perf_counter()
+        self.cpu_started = time.process_time()
+        self._frozen: Optional[Tuple[float, float]] = None  # (wall, process CPU) when the run ended
         self.threads_n = config.resolved_threads()
         self.pool = get_pool(self.threads_n)
         self.inflight = config.resolved_inflight(self.threads_n)
@@ -325,8 +327,14 @@ class _Run:
                 log.info("shardstream: %s", self.stats().format().replace("\n", " | "))
         return entry
 
+    def _clocks(self) -> Tuple[float, float]:
+        """Seconds since the run started, and the process's CPU seconds in them (frozen at its end)."""
+        if self._frozen is not None:
+            return self._frozen
+        return time.perf_counter() - self.started, time.process_time() - self.cpu_started
+
     def stats(self) -> PipelineStats:
-        wall = time.perf_counter() - self.started
+        wall, cpu = self._clocks()
         source = {}
         if self.source_stats is not None:
             now = self.source_stats.snapshot()
@@ -339,6 +347,8 @@ class _Run:
             source=source,
             cache=self.cache.stats() if self.cache is not None else {},
             consumer_wait_s=self.output.stats.get_wait_s if self.output is not None else 0.0,
+            cpu_s=cpu,
+            cores=available_cores(),
         )
 
     def close(self) -> None:
@@ -346,6 +356,7 @@ class _Run:
         if self.closed:
             return
         self.closed = True
+        self._frozen = self._clocks()
         self.stop.set()
         for channel in self.channels:
             for entry in channel.drain():

@@ -15,6 +15,9 @@ from typing import Any, Dict, List, Optional
 __all__ = ["PipelineStats", "QueueStats", "StageStats"]
 
 _RESERVOIR = 4096  # recent task times kept for percentiles
+# A parallel stage that limits throughput while the process keeps fewer than this share of its
+# threads' cores busy is bound by the GIL (its threads queue for it), not by the cores.
+_GIL_BOUND = 0.6
 
 
 class StageStats:
@@ -115,6 +118,13 @@ class PipelineStats:
     source: Dict[str, int] = field(default_factory=dict)
     cache: Dict[str, Dict[str, int]] = field(default_factory=dict)
     consumer_wait_s: float = 0.0
+    cpu_s: Optional[float] = None  # the process's CPU seconds over the run (every thread of it)
+    cores: Optional[int] = None  # the cores the process may run on
+
+    @property
+    def cores_used(self) -> Optional[float]:
+        """The process's CPU seconds per second of the run: how many cores it kept busy."""
+        return self.cpu_s / self.wall_s if self.cpu_s is not None and self.wall_s > 0 else None
 
     @property
     def items_per_s(self) -> float:
@@ -135,9 +145,18 @@ class PipelineStats:
                 f"the consumer (training loop) limits throughput: it is busy {consumer_busy:.0%} of the time "
                 "and the loader keeps its queue full"
             )
-        workers = busiest["workers"]
+        workers = int(busiest["workers"])  # type: ignore[call-overload]
         what = f"its {workers} threads are" if workers != 1 else "its thread is"
-        return f"stage '{busiest['name']}' limits throughput: {what} busy {busiest['utilisation']:.0%} of the time"
+        line = f"stage '{busiest['name']}' limits throughput: {what} busy {busiest['utilisation']:.0%} of the time"
+        used = self.cores_used
+        if busiest["kind"] == "parallel" and workers >= 3 and self.cores and used is not None \
+                and used < _GIL_BOUND * min(workers, self.cores):
+            line += (
+                f", yet the process kept only {used:.1f} of its {self.cores} cores busy: the stage's Python code "
+                "holds the GIL (or it waits on I/O), so more threads will not help; more processes will "
+                "(WebLoader(dataset, num_workers=N) runs N processes, each with threads)"
+            )
+        return line
 
     def as_dict(self) -> Dict[str, object]:
         return {
@@ -146,6 +165,8 @@ class PipelineStats:
             "items_per_s": self.items_per_s,
             "source_bytes_per_s": self.source_bytes_per_s,
             "consumer_wait_s": self.consumer_wait_s,
+            "cpu_s": self.cpu_s,
+            "cores": self.cores,
             "stages": self.stages,
             "queues": self.queues,
             "source": self.source,
@@ -157,7 +178,8 @@ class PipelineStats:
         """A small table for humans."""
         lines = [
             f"{self.delivered} items in {self.wall_s:.2f}s = {self.items_per_s:.1f}/s; "
-            f"source {self.source_bytes_per_s / 1e6:.1f} MB/s",
+            f"source {self.source_bytes_per_s / 1e6:.1f} MB/s"
+            + ("" if self.cores_used is None else f"; process CPU {self.cores_used:.1f} of {self.cores} cores"),
             f"{'stage':<34}{'kind':<10}{'items':>8}{'fail':>6}{'avg ms':>9}{'p90 ms':>9}{'util':>7}",
         ]
         for s in self.stages:
