@@ -21,8 +21,9 @@ __all__ = ["MAX_DEFAULT_THREADS", "EngineConfig", "available_cores", "engine_def
 # bounds a pipeline with Python in its per-sample work (Pillow's decode and a crop hold it for
 # part of each image), and more threads only queue for it. Decode pipeline (Pillow, center crop,
 # batches of 64) on a 16-core machine, one fresh process each: 2 threads 649 samples/s, 4: 1,126,
-# 6: 1,494, 8: 1,411, 12: 1,304, 17 (cores + 1): 1,013, while the process used 4.2 cores at most.
-# Processes scale on: WebLoader(num_workers=4) ran at 3,079. `threads=` or SHARDSTREAM_THREADS
+# 6: 1,494, 8: 1,411, 12: 1,304, 17 (cores + 1): 1,013, while the process used 4.2 cores at most
+# (a second sweep, on another machine: 6: 1,199, 8: 1,258, 17: 1,070). Processes scale on:
+# WebLoader(num_workers=4) ran at 2,781-3,079, and 8 at 2,986-3,185. `threads=` or SHARDSTREAM_THREADS
 # sets more, for stages that hold the GIL less (simplejpeg, PyAV, the fused image path).
 MAX_DEFAULT_THREADS = 8
 
