@@ -219,6 +219,82 @@ def test_random_images_match_webdataset(height, width, mode, fmt, spec, seed):
     assert_same(ours, theirs)
 
 
+# --- JPEGs through simplejpeg (array specs) --------------------------------------------------------
+
+
+def jpeg_kinds():
+    """JPEGs of every kind the fast path meets or must leave to Pillow, from one smooth image of
+    odd size (so that chroma subsampling has edges to get wrong)."""
+    smooth = PIL.Image.fromarray(rng_image((4, 5, 3), 7)).resize((131, 97), PIL.Image.BICUBIC)
+    exif = PIL.Image.Exif()
+    exif[0x010F] = "shardstream"  # Make
+    kinds = {}
+    for name, image, opts in [
+        ("ycbcr 4:4:4", smooth, {"subsampling": 0}), ("ycbcr 4:2:2", smooth, {"subsampling": 1}),
+        ("ycbcr 4:2:0", smooth, {"subsampling": 2, "quality": 40}), ("progressive", smooth, {"progressive": True}),
+        ("optimized", smooth, {"optimize": True, "quality": 95}), ("gray", smooth.convert("L"), {}),
+        ("cmyk", smooth.convert("CMYK"), {}), ("with exif", smooth, {"exif": exif.tobytes()}),
+    ]:
+        with io.BytesIO() as stream:
+            image.save(stream, format="JPEG", **opts)
+            kinds[name] = stream.getvalue()
+    whole = kinds["ycbcr 4:2:0"]
+    kinds["truncated"] = whole[: len(whole) // 2]
+    kinds["corrupt scan"] = whole[:-200] + bytes(190) + whole[-10:]
+    kinds["header only"] = whole[:40]
+    return kinds
+
+
+def _decoded(handler, data):
+    try:
+        return handler("x.jpg", data)
+    except Exception as exn:
+        return ("raised", type(exn))
+
+
+@pytest.mark.parametrize("spec", IMAGE_SPECS)
+def test_jpegs_of_every_kind_match_webdataset(spec):
+    """Bit for bit, with simplejpeg (where installed) taking the array specs of YCbCr and gray
+    JPEGs: results, dtypes and shapes equal webdataset's (Pillow's), and what Pillow refuses
+    (a cut-short or corrupt file) raises the same error type."""
+    for kind, data in jpeg_kinds().items():
+        ours, theirs = _decoded(sa.ImageHandler(spec), data), _decoded(wa.ImageHandler(spec), data)
+        if isinstance(theirs, tuple):
+            assert ours == theirs, (spec, kind)
+        else:
+            assert_same(ours, theirs, f"{spec} {kind}")
+
+
+def test_array_specs_of_ycbcr_and_gray_jpegs_skip_pillow(monkeypatch):
+    pytest.importorskip("simplejpeg")
+    from shardstream._decode import image as _image
+
+    opened = []
+    real_open = PIL.Image.open
+    monkeypatch.setattr(PIL.Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    kinds = jpeg_kinds()
+
+    def pillow_opened(spec, kind):
+        opened.clear()
+        _decoded(sa.ImageHandler(spec), kinds[kind])
+        return bool(opened)
+
+    for spec in ("rgb8", "rgb", "torchrgb8", "torchrgb", "torch"):
+        for kind in ("ycbcr 4:4:4", "ycbcr 4:2:0", "progressive", "gray", "with exif"):
+            assert not pillow_opened(spec, kind), (spec, kind)
+    assert not pillow_opened("l8", "gray") and not pillow_opened("torchl", "gray")
+    assert pillow_opened("l8", "ycbcr 4:2:0")  # Pillow's luma of the RGB pixels, not the Y channel
+    assert pillow_opened("rgb8", "cmyk") and pillow_opened("rgba8", "ycbcr 4:2:0")
+    assert pillow_opened("rgb8", "truncated") and pillow_opened("rgb8", "corrupt scan")  # Pillow decides
+    assert pillow_opened("pil", "ycbcr 4:2:0")  # a PIL image keeps the file's info (ICC, EXIF, DPI)
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 1000)
+    assert pillow_opened("rgb8", "gray")  # over the limit: Pillow's decompression-bomb check
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", None)
+    assert not pillow_opened("rgb8", "gray")
+    monkeypatch.setattr(_image, "_simplejpeg_module", None)  # SHARDSTREAM_SIMPLEJPEG=0, or not installed
+    assert pillow_opened("rgb8", "ycbcr 4:2:0")
+
+
 # --- basic handlers -------------------------------------------------------------------------------
 
 

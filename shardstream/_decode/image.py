@@ -4,11 +4,21 @@ Results are identical to webdataset 1.0.2's `ImageHandler`: Pillow opens the byt
 and converts to L/RGB/RGBA; numpy specs give HWC arrays (uint8, or float32 in [0, 1]); torch
 specs give CHW tensors (HW for L). No `draft()` shortcuts, since they change the pixels: those
 live in the opt-in fused path (`imagehandler(spec, size=..., crop=...)`, `_decode.fusedimage`).
+
+Array specs of a YCbCr or grayscale JPEG skip Pillow where simplejpeg is installed (the `jpeg`
+extra; `SHARDSTREAM_SIMPLEJPEG=0` turns it off): libjpeg-turbo decodes straight to RGB (or gray)
+with the GIL released throughout, the same library and settings (accurate DCT, fancy upsampling)
+as Pillow's decoder, so the pixels are Pillow's, bit for bit. Pillow's own decode holds the GIL
+for its Python parts (opening, marker parsing, the tile loop, `np.asarray`'s packing): about half
+of what one process can decode per second on many cores. Anything else (CMYK, a YCbCr JPEG asked
+for as L, huge images, any error) goes to Pillow, which decides as before. PIL specs keep
+Pillow's decode: its image carries the file's `info` (ICC profile, EXIF, DPI).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 from typing import Any, Iterable, Optional, Set
 
@@ -71,6 +81,46 @@ def _pil():
     return _pil_image
 
 
+_simplejpeg_module: Any = False  # False: not looked up yet; None: not installed (or turned off)
+_JPEG_START = b"\xff\xd8\xff"
+_FAST_COLORSPACES = {"rgb": ("YCbCr", "Gray"), "l": ("Gray",)}  # a YCbCr JPEG as L: Pillow's luma, not Y
+
+
+def _simplejpeg() -> Any:
+    global _simplejpeg_module
+    if _simplejpeg_module is False:
+        module = None
+        if os.environ.get("SHARDSTREAM_SIMPLEJPEG", "1").lower() not in ("0", "false", "no", "off"):
+            try:
+                import simplejpeg as module  # type: ignore
+            except ImportError:
+                module = None
+        _simplejpeg_module = module
+    return _simplejpeg_module
+
+
+def _jpeg_pixels(data: bytes, mode: str) -> Optional[np.ndarray]:
+    """The pixels Pillow would give for `data` converted to `mode` ("rgb": HWC, "l": HW), decoded
+    by simplejpeg; None where this path does not apply, and Pillow decides."""
+    colorspaces = _FAST_COLORSPACES.get(mode)
+    if colorspaces is None or not data[:3] == _JPEG_START:
+        return None
+    simplejpeg = _simplejpeg()
+    if simplejpeg is None:
+        return None
+    try:
+        height, width, colorspace, _subsampling = simplejpeg.decode_jpeg_header(data)
+        limit = _pil().MAX_IMAGE_PIXELS
+        if colorspace not in colorspaces or (limit is not None and height * width > limit):
+            return None  # (over the limit: Pillow's decompression-bomb warning or error)
+        # strict: libjpeg's warnings (a cut-short file, a corrupt segment) are errors, so that a
+        # damaged JPEG gets Pillow's result or Pillow's error, never libjpeg's repair.
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB" if mode == "rgb" else "GRAY", strict=True)
+    except Exception:  # whatever failed, Pillow decides (and raises its own error if it fails too)
+        return None
+    return pixels if mode == "rgb" else pixels.reshape(pixels.shape[:2])
+
+
 class FieldHandler:
     """A decode handler for the fields whose last extension is in `extensions` (lower case):
     `decode_field(data, extension)` for those, None for the others (the next handler's turn)."""
@@ -114,6 +164,10 @@ class ImageHandler(FieldHandler):
     def decode(self, data: bytes) -> Any:
         """Decode image bytes regardless of extension."""
         atype, etype, mode = imagespecs[self.imagespec]
+        if atype != "pil":
+            fast = _jpeg_pixels(data, mode)
+            if fast is not None:
+                return _to_array(fast, atype, etype)
         with io.BytesIO(data) as stream:
             img = _pil().open(stream)
             img.load()
@@ -147,7 +201,7 @@ def _to_array(pixels: np.ndarray, atype: str, etype: Optional[str]) -> Any:
     if etype == "float":
         pixels = pixels.astype(np.float32, order="C")
         pixels /= 255.0
-    elif atype == "torch":
+    elif atype == "torch" and not (pixels.flags.writeable and pixels.flags.c_contiguous):
         pixels = pixels.copy()  # np.asarray(img) is read-only; torch wants writable memory
     if atype == "numpy":
         return pixels

@@ -18,6 +18,9 @@ _RESERVOIR = 4096  # recent task times kept for percentiles
 # A parallel stage that limits throughput while the process keeps fewer than this share of its
 # threads' cores busy is bound by the GIL (its threads queue for it), not by the cores.
 _GIL_BOUND = 0.6
+# ... among at least this many (on fewer, one process's GIL is rarely the limit, and another
+# process's load on the same cores would read as it).
+_GIL_MIN_CORES = 4
 
 
 class StageStats:
@@ -149,8 +152,8 @@ class PipelineStats:
         what = f"its {workers} threads are" if workers != 1 else "its thread is"
         line = f"stage '{busiest['name']}' limits throughput: {what} busy {busiest['utilisation']:.0%} of the time"
         used = self.cores_used
-        if busiest["kind"] == "parallel" and workers >= 3 and self.cores and used is not None \
-                and used < _GIL_BOUND * min(workers, self.cores):
+        if busiest["kind"] == "parallel" and self.cores and min(workers, self.cores) >= _GIL_MIN_CORES \
+                and used is not None and used < _GIL_BOUND * min(workers, self.cores):
             line += (
                 f", yet the process kept only {used:.1f} of its {self.cores} cores busy: the stage's Python code "
                 "holds the GIL (or it waits on I/O), so more threads will not help; more processes will "
