@@ -8,7 +8,8 @@ live in the opt-in fused path (`imagehandler(spec, size=..., crop=...)`, `_decod
 Array specs of a YCbCr or grayscale JPEG skip Pillow where simplejpeg is installed (the `jpeg`
 extra; `SHARDSTREAM_SIMPLEJPEG=0` turns it off): libjpeg-turbo decodes straight to RGB (or gray)
 with the GIL released throughout, the same library and settings (accurate DCT, fancy upsampling)
-as Pillow's decoder, so the pixels are Pillow's, bit for bit. Pillow's own decode holds the GIL
+as Pillow's decoder where Pillow is built on libjpeg-turbo too (the only case it is used), so the
+pixels are Pillow's, bit for bit. Pillow's own decode holds the GIL
 for its Python parts (opening, marker parsing, the tile loop, `np.asarray`'s packing): about half
 of what one process can decode per second on many cores. Anything else (CMYK, a YCbCr JPEG asked
 for as L, huge images, any error) goes to Pillow, which decides as before. PIL specs keep
@@ -93,6 +94,12 @@ def _simplejpeg() -> Any:
         if os.environ.get("SHARDSTREAM_SIMPLEJPEG", "1").lower() not in ("0", "false", "no", "off"):
             try:
                 import simplejpeg as module  # type: ignore
+                from PIL import features
+
+                # Same pixels only where Pillow decodes with libjpeg-turbo too: IJG libjpeg 7 and
+                # later upsample chroma differently.
+                if not features.check_feature("libjpeg_turbo"):
+                    module = None
             except ImportError:
                 module = None
         _simplejpeg_module = module
