@@ -254,45 +254,56 @@ def _decoded(handler, data):
 
 @pytest.mark.parametrize("spec", IMAGE_SPECS)
 def test_jpegs_of_every_kind_match_webdataset(spec):
-    """Bit for bit, with simplejpeg (where installed) taking the array specs of YCbCr and gray
-    JPEGs: results, dtypes and shapes equal webdataset's (Pillow's), and what Pillow refuses
-    (a cut-short or corrupt file) raises the same error type."""
+    """Bit for bit, with simplejpeg (where installed) decoding array specs of YCbCr and gray JPEGs: results,
+    dtypes and shapes equal webdataset's (Pillow's), PIL images with their info, and what Pillow
+    refuses (a cut-short or corrupt file) raises the same error type."""
     for kind, data in jpeg_kinds().items():
         ours, theirs = _decoded(sa.ImageHandler(spec), data), _decoded(wa.ImageHandler(spec), data)
         if isinstance(theirs, tuple):
             assert ours == theirs, (spec, kind)
         else:
             assert_same(ours, theirs, f"{spec} {kind}")
+        if isinstance(theirs, PIL.Image.Image):  # what convert() of the loaded file gives, in full
+            assert type(ours) is type(theirs) and ours.info == theirs.info, (spec, kind)
+            assert (ours.format, ours.readonly) == (theirs.format, theirs.readonly), (spec, kind)
 
 
-def test_array_specs_of_ycbcr_and_gray_jpegs_skip_pillow(monkeypatch):
+def test_array_specs_of_ycbcr_and_gray_jpegs_skip_pillows_decoder(monkeypatch):
     pytest.importorskip("simplejpeg")
+    import PIL.ImageFile
+
     from shardstream._decode import image as _image
 
-    opened = []
-    real_open = PIL.Image.open
+    opened, loaded = [], []
+    real_open, real_load = PIL.Image.open, PIL.ImageFile.ImageFile.load
     monkeypatch.setattr(PIL.Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    monkeypatch.setattr(PIL.ImageFile.ImageFile, "load", lambda self: loaded.append(1) or real_load(self))
     kinds = jpeg_kinds()
 
-    def pillow_opened(spec, kind):
-        opened.clear()
+    def pillow(spec, kind):
+        """Whether Pillow opened the file, and whether it decoded it."""
+        opened.clear(), loaded.clear()
         _decoded(sa.ImageHandler(spec), kinds[kind])
-        return bool(opened)
+        return bool(opened), bool(loaded)
 
-    for spec in ("rgb8", "rgb", "torchrgb8", "torchrgb", "torch"):
-        for kind in ("ycbcr 4:4:4", "ycbcr 4:2:0", "progressive", "gray", "with exif"):
-            assert not pillow_opened(spec, kind), (spec, kind)
-    assert not pillow_opened("l8", "gray") and not pillow_opened("torchl", "gray")
-    assert pillow_opened("l8", "ycbcr 4:2:0")  # Pillow's luma of the RGB pixels, not the Y channel
-    assert pillow_opened("rgb8", "cmyk") and pillow_opened("rgba8", "ycbcr 4:2:0")
-    assert pillow_opened("rgb8", "truncated") and pillow_opened("rgb8", "corrupt scan")  # Pillow decides
-    assert pillow_opened("pil", "ycbcr 4:2:0")  # a PIL image keeps the file's info (ICC, EXIF, DPI)
-    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 1000)
-    assert pillow_opened("rgb8", "gray")  # over the limit: Pillow's decompression-bomb check
+    for kind in ("ycbcr 4:4:4", "ycbcr 4:2:0", "progressive", "gray", "with exif"):
+        for spec in ("rgb8", "rgb", "torchrgb8", "torchrgb", "torch"):
+            assert pillow(spec, kind) == (False, False), (spec, kind)
+        for spec in ("pil", "pilrgb"):  # a PIL image keeps the file's info (ICC, EXIF, DPI): Pillow's
+            assert pillow(spec, kind) == (True, True), (spec, kind)
+    for spec in ("l8", "torchl"):
+        assert not pillow(spec, "gray")[1]
+    assert pillow("l8", "ycbcr 4:2:0")[1]  # Pillow's luma of the RGB pixels, not the Y channel
+    assert pillow("pill", "ycbcr 4:2:0")[1] and pillow("pilrgba", "ycbcr 4:2:0")[1]
+    assert pillow("rgb8", "cmyk")[1] and pillow("pil", "cmyk")[1] and pillow("rgba8", "ycbcr 4:2:0")[1]
+    assert pillow("rgb8", "truncated")[1] and pillow("pil", "corrupt scan")[1]  # Pillow decides
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 1000)  # over twice the limit: Pillow's decompression-bomb error
+    assert pillow("rgb8", "gray")[0] and _decoded(sa.ImageHandler("rgb8"), kinds["gray"]) == (
+        "raised", PIL.Image.DecompressionBombError)
     monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", None)
-    assert not pillow_opened("rgb8", "gray")
+    assert not pillow("rgb8", "gray")[1]
     monkeypatch.setattr(_image, "_simplejpeg_module", None)  # SHARDSTREAM_SIMPLEJPEG=0, or not installed
-    assert pillow_opened("rgb8", "ycbcr 4:2:0")
+    assert pillow("rgb8", "ycbcr 4:2:0")[1] and pillow("pil", "ycbcr 4:2:0")[1]
 
 
 # --- basic handlers -------------------------------------------------------------------------------
