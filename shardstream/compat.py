@@ -19,6 +19,7 @@ import yaml
 from . import filters, shardlists, utils
 from ._base.errors import UsageError
 from ._fetch.options import FetchOptions
+from ._fetch.registry import warming_skips
 from ._resume.states import worker_view
 from ._shard.samples import TarShardSamples
 from ._cache.shardcache import cache_from_options
@@ -196,7 +197,8 @@ class WebDataset(DataPipeline, FluidInterface):
             raise UsageError("weights= needs resampled=True (draws with replacement, per `::` source)")
         if mix is not None and mode != "resampled":
             raise UsageError("mix= needs resampled=True")
-        self._append_shard_source(urls, mode, self.sample_seed, weights, mix)
+        with warming_skips(cache.holds if cache is not None else None):  # (a cached epoch needs no client)
+            self._append_shard_source(urls, mode, self.sample_seed, weights, mix)
         if nodesplitter is shardlists.split_by_node and mode != "resampled":
             # Equal samples per rank, a new shard order every epoch, the same on all ranks.
             split_seed = seed if seed is not None else int(os.environ.get("WDS_SEED", 0))

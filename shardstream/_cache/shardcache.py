@@ -431,6 +431,18 @@ class ShardCache(ClaimsAhead):
                     return source.path
         return None
 
+    def holds(self, url: str) -> bool:
+        """Whether a tier holds a committed copy of `url` now (a cheap look: the file and its
+        record exist; `stream` still checks both before serving a byte)."""
+        for tier in self.tiers:
+            if isinstance(tier, DiskTier):
+                path = tier.path_for(url)
+                if os.path.exists(path) and os.path.exists(tier._meta_path(path)):
+                    return True
+            elif isinstance(tier, MemoryTier) and url in tier:
+                return True
+        return False
+
     def disk_path(self, url: str) -> Optional[str]:
         """Where the first disk tier keeps `url`, whether or not it holds it yet (webdataset's
         `__local_path__` for a remote shard read through a cache), else None."""
