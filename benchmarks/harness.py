@@ -37,7 +37,7 @@ __all__ = ["SOURCES", "WORKLOADS", "Comparison", "Config", "Rep", "Result", "che
 
 WORKLOADS = ("raw", "decode", "remote")  # the workload modules
 SOURCES = ("local", "http", "s3")
-CACHE_MODES = ("", "cold", "warm")
+CACHE_MODES = ("", "cold", "warm", "filled")
 HERE = Path(__file__).resolve().parent
 
 
@@ -58,7 +58,8 @@ class Config:
             compared between all configurations with the same pipeline (else the same workload).
         shards_in_flight: shardstream's remote shards downloading at once (0: the library default).
         cache: shardstream's disk cache: "" off, "cold" (emptied before every pass: stream-through),
-            "warm" (filled by an untimed pass, so every timed pass reads it).
+            "warm" (filled by an untimed pass, so every timed pass reads it), "filled" (filled by
+            another process before this one's passes: a later job on the node).
         baseline: this configuration is its workload's ratio reference (else: the fastest webdataset).
         world_size: > 1 runs as rank 0 of that many (RANK/WORLD_SIZE) with `split_by_node`: a pass
             reads that rank's share, so it is not a full pass.
