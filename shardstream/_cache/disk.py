@@ -510,6 +510,11 @@ class DiskTier:
         _unlink(path)
         _unlink(self._meta_path(path))
 
+    def holds(self, url: str) -> bool:
+        """Whether `url` is committed here now: its file and its record exist (not checked)."""
+        path = self.path_for(url)
+        return os.path.exists(path) and os.path.exists(self._meta_path(path))
+
     def record(self, url: str) -> Optional[ShardRecord]:
         """The sidecar record of `url`'s committed file, if any (not checked against the file)."""
         return read_record(self._meta_path(self.path_for(url)))

@@ -435,11 +435,9 @@ class ShardCache(ClaimsAhead):
         """Whether a tier holds a committed copy of `url` now (a cheap look: the file and its
         record exist; `stream` still checks both before serving a byte)."""
         for tier in self.tiers:
-            if isinstance(tier, DiskTier):
-                path = tier.path_for(url)
-                if os.path.exists(path) and os.path.exists(tier._meta_path(path)):
-                    return True
-            elif isinstance(tier, MemoryTier) and url in tier:
+            if isinstance(tier, DiskTier) and tier.holds(url):
+                return True
+            if isinstance(tier, MemoryTier) and url in tier:
                 return True
         return False
 
