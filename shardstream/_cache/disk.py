@@ -510,7 +510,7 @@ class DiskTier:
         _unlink(path)
         _unlink(self._meta_path(path))
 
-    def holds(self, url: str) -> bool:
+    def __contains__(self, url: str) -> bool:
         """Whether `url` is committed here now: its file and its record exist (not checked)."""
         path = self.path_for(url)
         return os.path.exists(path) and os.path.exists(self._meta_path(path))

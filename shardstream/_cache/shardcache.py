@@ -434,12 +434,7 @@ class ShardCache(ClaimsAhead):
     def holds(self, url: str) -> bool:
         """Whether a tier holds a committed copy of `url` now (a cheap look: the file and its
         record exist; `stream` still checks both before serving a byte)."""
-        for tier in self.tiers:
-            if isinstance(tier, DiskTier) and tier.holds(url):
-                return True
-            if isinstance(tier, MemoryTier) and url in tier:
-                return True
-        return False
+        return any(url in tier for tier in self.tiers)
 
     def disk_path(self, url: str) -> Optional[str]:
         """Where the first disk tier keeps `url`, whether or not it holds it yet (webdataset's

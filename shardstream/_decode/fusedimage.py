@@ -33,7 +33,7 @@ from typing import Any, Iterable, Optional, Tuple, Union
 import numpy as np
 
 from .._base.threadnames import POOL_THREAD_PREFIX
-from .image import IMAGE_EXTENSIONS, FieldHandler, _pil, _to_array, imagespecs
+from .image import IMAGE_EXTENSIONS, FieldHandler, _pil, _to_array, imagespecs, simplejpeg_or_none
 
 __all__ = ["CROPS", "FusedImageHandler", "center_box", "random_box", "resize_box"]
 
@@ -117,14 +117,6 @@ def resize_box(width: int, height: int, size: Union[int, Tuple[int, int]]) -> Tu
     return size, int(size * width / height)
 
 
-def _simplejpeg():
-    try:
-        import simplejpeg  # type: ignore
-    except ImportError:
-        return None
-    return simplejpeg
-
-
 def _torch():
     try:
         import torch
@@ -202,13 +194,13 @@ class FusedImageHandler(FieldHandler):
                 raise ValueError(f"resample must be one of {sorted(_RESAMPLE)}, got {resample!r}")
             resample = _RESAMPLE[resample.lower()]
         if backend == "auto":
-            backend = "simplejpeg" if _simplejpeg() is not None else "pillow"
+            backend = "simplejpeg" if simplejpeg_or_none() is not None else "pillow"
         if resizer == "auto":
             torch_ready = "torch" in sys.modules and resample in _TORCH_KERNELS and _torch() is not None
             resizer = "torch" if torch_ready else "pillow"
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-        if backend == "simplejpeg" and _simplejpeg() is None:
+        if backend == "simplejpeg" and simplejpeg_or_none() is None:
             raise ValueError("backend='simplejpeg' needs simplejpeg: pip install simplejpeg")
         if resizer not in _RESIZERS:
             raise ValueError(f"resizer must be one of {_RESIZERS}, got {resizer!r}")
@@ -226,7 +218,7 @@ class FusedImageHandler(FieldHandler):
         self.resizer = resizer
         self._rng: Any = random if seed is None else random.Random(seed)
         self._lock = threading.Lock()
-        self._jpeg: Any = _simplejpeg() if backend == "simplejpeg" else None
+        self._jpeg: Any = simplejpeg_or_none() if backend == "simplejpeg" else None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -238,7 +230,7 @@ class FusedImageHandler(FieldHandler):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        self._jpeg = _simplejpeg() if self.backend == "simplejpeg" else None
+        self._jpeg = simplejpeg_or_none() if self.backend == "simplejpeg" else None
         if self.seed is None:
             self._rng = random
 

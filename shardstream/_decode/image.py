@@ -26,7 +26,8 @@ from typing import Any, Iterable, Optional, Set
 
 import numpy as np
 
-__all__ = ["FieldHandler", "IMAGE_EXTENSIONS", "ImageHandler", "imagehandler", "imagespecs", "last_extension"]
+__all__ = ["FieldHandler", "IMAGE_EXTENSIONS", "ImageHandler", "imagehandler", "imagespecs", "last_extension",
+           "simplejpeg_or_none"]
 
 # The extensions Pillow can open (webdataset's list, taken from PIL.Image.EXTENSION).
 IMAGE_EXTENSIONS = (
@@ -88,21 +89,28 @@ _JPEG_START = b"\xff\xd8\xff"
 _FAST_COLORSPACES = {"rgb": ("YCbCr", "Gray"), "l": ("Gray",)}  # a YCbCr JPEG as L: Pillow's luma, not Y
 
 
+def simplejpeg_or_none() -> Any:
+    """The simplejpeg module, or None where it is not installed (the fused path's backend)."""
+    try:
+        import simplejpeg  # type: ignore
+    except ImportError:
+        return None
+    return simplejpeg
+
+
 def _simplejpeg() -> Any:
+    """simplejpeg where the plain path may use it: installed, not turned off, and Pillow decoding
+    with libjpeg-turbo too (IJG libjpeg 7 and later upsample chroma differently: other pixels)."""
     global _simplejpeg_module
     if _simplejpeg_module is False:
         module = None
         if os.environ.get("SHARDSTREAM_SIMPLEJPEG", "1").lower() not in ("0", "false", "no", "off"):
-            try:
-                import simplejpeg as module  # type: ignore
+            module = simplejpeg_or_none()
+            if module is not None:
                 from PIL import features
 
-                # Same pixels only where Pillow decodes with libjpeg-turbo too: IJG libjpeg 7 and
-                # later upsample chroma differently.
                 if not features.check_feature("libjpeg_turbo"):
                     module = None
-            except ImportError:
-                module = None
         _simplejpeg_module = module
     return _simplejpeg_module
 
@@ -111,7 +119,7 @@ def _jpeg_pixels(data: bytes, mode: str) -> Optional[np.ndarray]:
     """The pixels Pillow would give for `data` converted to `mode` ("rgb": HWC, "l": HW), decoded
     by simplejpeg; None where this path does not apply, and Pillow decides."""
     colorspaces = _FAST_COLORSPACES.get(mode)
-    if colorspaces is None or not data[:3] == _JPEG_START:
+    if colorspaces is None or data[:3] != _JPEG_START:
         return None
     simplejpeg = _simplejpeg()
     if simplejpeg is None:

@@ -109,9 +109,10 @@ def warm_fetchers(urls: Iterable[Any], limit: int = 64) -> None:
     held = _held.get()
     for url in itertools.islice(urls, limit):
         entry = _entry_for(url) if isinstance(url, str) else None
-        if isinstance(entry, str) and not (held is not None and held(url)):
+        if isinstance(entry, str):
             name = importlib.util.resolve_name(entry.partition(":")[0], __package__)
-            if name not in sys.modules:
+            # (the cache is asked only about a URL that would warm a module not loaded or named yet)
+            if name not in sys.modules and name not in names and not (held is not None and held(url)):
                 names.add(name)
     with _registry_lock:
         names -= _warmed
