@@ -320,3 +320,25 @@ def test_closing_a_pass_does_not_wait_for_a_silent_transfer(tmp_path, handler):
             took = time.monotonic() - start
         assert took < 2.0, took
         assert not [t for t in threading.enumerate() if t.name.startswith("shardstream-SimpleShardList")]
+
+
+@pytest.mark.timeout(60)
+def test_the_verdict_blames_storage_when_the_reader_waits_for_bytes(shardset):
+    """A pass over a slow server spends most of its time waiting for bytes that have not arrived:
+    the stats count that wait, and the verdict names the storage, not the reader's CPU. Local files
+    never wait."""
+    root = os.path.dirname(shardset[0])
+    with ShardServer(root, latency_ms=50, bandwidth=2e6) as server:
+        urls = [server.url(os.path.basename(p)) for p in shardset]
+        # one shard at a time and no ranged parts: the pass is bound to one slow connection
+        it = iter(wds.WebDataset(urls[:2], shardshuffle=False, shards_in_flight=1,
+                                 fetch_options=wds.FetchOptions(parallel_parts=1)))
+        assert len(list(it)) > 0
+    stats = it.stats()
+    waited = stats.source["wait_us"] / 1e6
+    assert 0.5 * stats.wall_s < waited <= stats.wall_s
+    assert "storage or the network limits this pass" in stats.verdict()
+    assert f"waited {waited:.2f}s for bytes" in stats.format()
+    it = iter(wds.WebDataset(shardset[:2], shardshuffle=False))
+    list(it)
+    assert "wait_us" not in it.stats().source and "storage" not in it.stats().verdict()

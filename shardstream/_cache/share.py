@@ -51,6 +51,7 @@ _HEADER = struct.Struct(">8sQ")  # magic, block size
 _MAGIC = b"shsums3\n"
 _DIGEST = struct.Struct(">Q")
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+WRITE_BYTES = 256 << 10  # bytes per write call at most (see _write_chunks)
 MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
 WRITE_STALL = 60.0  # seconds the writer thread may take no data before the write is given up
 PREALLOCATE_SPARE = 256 << 20  # bytes of free disk a preallocation leaves, at least
@@ -75,16 +76,27 @@ def open_progress_log(temp: str, block_size: int) -> int:
 
 
 def _write_chunks(fd: int, chunks: List, nbytes: int) -> None:
-    """Write `chunks` (`nbytes` in all) in order: one writev while it writes them whole."""
-    for start in range(0, len(chunks), _IOV_MAX):
-        group = chunks[start : start + _IOV_MAX]
-        size = nbytes if len(group) == len(chunks) else sum(len(chunk) for chunk in group)
-        done = os.writev(fd, group)
-        if done == size:
-            continue
-        view = memoryview(b"".join(group))[done:]  # a short write (a full disk, a signal): the rest in a loop
-        while view:
-            view = view[os.write(fd, view) :]
+    """Write `chunks` (`nbytes` in all) in order, in writev calls of at most WRITE_BYTES each
+    (a chunk larger than that goes alone)."""
+    group: List = []
+    size = 0
+    for chunk in chunks:
+        if group and (size + len(chunk) > WRITE_BYTES or len(group) == _IOV_MAX):
+            _write_group(fd, group, size)
+            group, size = [], 0
+        group.append(chunk)
+        size += len(chunk)
+    if group:
+        _write_group(fd, group, size)
+
+
+def _write_group(fd: int, group: List, size: int) -> None:
+    done = os.writev(fd, group)
+    if done == size:
+        return
+    view = memoryview(b"".join(group))[done:]  # a short write (a full disk, a signal): the rest in a loop
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 _FALLOC_FL_KEEP_SIZE = 1

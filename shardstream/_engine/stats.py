@@ -21,6 +21,9 @@ _GIL_BOUND = 0.6
 # ... among at least this many (on fewer, one process's GIL is rarely the limit, and another
 # process's load on the same cores would read as it).
 _GIL_MIN_CORES = 4
+# The source stage limits throughput because of its storage when its thread spent at least this
+# share of its busy time waiting for bytes (`wait_us`, counted by the fetchers' streams).
+_IO_BOUND = 0.5
 
 
 class StageStats:
@@ -151,6 +154,12 @@ class PipelineStats:
         workers = int(busiest["workers"])  # type: ignore[call-overload]
         what = f"its {workers} threads are" if workers != 1 else "its thread is"
         line = f"stage '{busiest['name']}' limits throughput: {what} busy {busiest['utilisation']:.0%} of the time"
+        waited = self.source.get("wait_us", 0) / 1e6
+        if waited and busiest is self.stages[0] and waited >= _IO_BOUND * float(busiest["busy_s"]):  # type: ignore[arg-type]
+            return line + (
+                f", {waited / self.wall_s:.0%} of the run waiting for shard bytes that had not arrived: "
+                "storage or the network limits this pass, not the CPU"
+            )
         used = self.cores_used
         if busiest["kind"] == "parallel" and self.cores and min(workers, self.cores) >= _GIL_MIN_CORES \
                 and used is not None and used < _GIL_BOUND * min(workers, self.cores):
@@ -216,9 +225,12 @@ def _counted(source: Dict[str, int], field: str) -> str:
 
 def _source_line(source: Dict[str, int]) -> str:
     """What the source stage read, and what reading it took: "16 shards, 4,000 samples, 485.3 MB;
-    2 retries, 1 resume, 0 errors"."""
+    2 retries, 1 resume, 0 errors; waited 1.21s for bytes" (the last only over a network)."""
     read = [_counted(source, "shards"), _counted(source, "samples"), f"{source.get('bytes', 0) / 1e6:,.1f} MB"]
-    return ", ".join(read) + "; " + ", ".join(_counted(source, f) for f in ("retries", "resumes", "errors"))
+    line = ", ".join(read) + "; " + ", ".join(_counted(source, f) for f in ("retries", "resumes", "errors"))
+    if source.get("wait_us"):
+        line += f"; waited {source['wait_us'] / 1e6:.2f}s for bytes"
+    return line
 
 
 def now() -> float:

@@ -78,13 +78,14 @@ class FetchOptions:
 
 class FetchStats(Counters):
     """Fetch counters: bytes delivered, retries, Range resumes, failed fetches; a stream's also
-    records the object's size once a response said it.
+    records the object's size once a response said it, and `wait_us`: how long its reader waited
+    for bytes that had not arrived (microseconds).
 
     `also` (a stream's: the counters of the source stage that opened it) gets this stream's
     retries and resumes too, so that a pipeline's stats count its own, not the process's."""
 
     FIELDS = ("bytes", "retries", "resumes", "failures")
-    FORWARDED = ("retries", "resumes")
+    FORWARDED = ("retries", "resumes", "wait_us")
 
     def __init__(self, also: Optional[Counters] = None) -> None:
         super().__init__()

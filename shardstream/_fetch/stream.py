@@ -10,6 +10,7 @@ import collections
 import concurrent.futures
 import os
 import threading
+import time
 from typing import Any, Optional
 
 from .._base.cancel import Stopped, current_stop
@@ -45,8 +46,10 @@ class _Buffer:
     ChunkStream lets its finalizer cancel the pump.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, group: Any = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, group: Any = None,
+                 stats: Optional[FetchStats] = None) -> None:
         self.loop, self.limit = loop, limit
+        self.stats = stats  # gets `wait_us`: how long the consumer waited for bytes
         self.cond = threading.Condition(threading.Lock())
         self.items: collections.deque = collections.deque()
         self.buffered = 0
@@ -82,7 +85,10 @@ class _Buffer:
         """Consumer side: the next chunk, _END or _Failure, waiting while there is none; raises
         `Stopped` once this thread's stop event (`current_stop`) is set while it waits."""
         stop = current_stop()
+        started = 0.0
         with self.cond:
+            if not self.items:
+                started = time.perf_counter()
             while not self.items:
                 if self.closed:  # closed by another thread while this one waited
                     return _END
@@ -106,6 +112,8 @@ class _Buffer:
                 self.pump_waiting = False
         if wake:
             self.loop.call_soon_threadsafe(self.resume.set)
+        if started and self.stats is not None:
+            self.stats.add(wait_us=int((time.perf_counter() - started) * 1e6))
         return item
 
     def cancel_on_loop(self) -> None:
@@ -159,7 +167,7 @@ class ChunkStream:
         self.stats = FetchStats(also=count_into)
         self._pid = os.getpid()
         self._loop = get_loop()
-        self._buffer = _Buffer(self._loop, self.options.prefetch_bytes, group)
+        self._buffer = _Buffer(self._loop, self.options.prefetch_bytes, group, self.stats)
         self._future = run_coroutine(_pump(url, self.options, start, self._buffer, self.stats))
         # A pump that never ran or was cancelled by loop shutdown must not leave a consumer
         # waiting forever. (No bound method here: the loop must not keep this object alive.)
