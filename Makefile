@@ -41,7 +41,7 @@ $(CLIP_STAMP): pyproject.toml
 	$(CLIP_PIP) -e ".[image]"
 	touch $(CLIP_STAMP)
 
-# compileall: the suite starts hundreds of fresh interpreters (torchrun ranks, helper processes,
+# compileall: the suite starts many fresh interpreters (torchrun ranks, helper processes,
 # fresh-process passes), and where PYTHONDONTWRITEBYTECODE is set (this machine sets it) each one
 # compiled the package from source, 0.25 s apiece here; bytecode written once is read by them all.
 test: $(STAMP) $(CLIP_STAMP)
