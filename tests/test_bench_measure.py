@@ -1,5 +1,6 @@
 """benchmarks/measure.py: the memory a pass is handed is memory the machine has touched (`HeldMemory`
-gives it back as the pass takes memory), and the holder stays out of the pass's CPU and PSS."""
+gives it back as the pass takes memory), and the holder and the PSS sampler stay out of the pass's
+CPU and PSS."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_held_memory_is_handed_back_as_the_pass_takes_memory_and_freed_at_the_en
     try:
         assert held.pid is not None
         assert held_size(held.pid) == 384 * mib  # held before the clock starts
-        base_pss = measure.tree_pss(psutil.Process(), held.pid)
+        base_pss = measure.tree_pss(psutil.Process(), (held.pid,))
         with_holder = measure.tree_pss(psutil.Process())
         assert with_holder - base_pss >= psutil.Process(held.pid).memory_full_info().pss // 2  # left out
         held.start()
@@ -108,3 +109,24 @@ def test_a_pass_measures_its_server_s_cpu_beside_its_own(measure):
     finally:
         server.kill()
         psutil.wait_procs([server], timeout=10)  # (not our child: a zombie under a lax init is fine)
+
+
+def test_the_pss_sampler_samples_from_its_own_process_and_counts_only_the_pass(measure):
+    """The peak includes memory the pass held for a moment; the sampler is a process of its own, whose
+    polling takes no CPU (or GIL) of the pass and whose memory is not counted."""
+    mib = 1 << 20
+    base = measure.tree_pss(psutil.Process())
+    sampler = measure.PssSampler(interval=0.005)
+    try:
+        assert sampler.pid != os.getpid() and psutil.Process(sampler.pid).ppid() == os.getpid()
+        taken = bytearray(os.urandom(mib)) * 128  # 128 MiB, every page touched
+        time.sleep(0.3)
+        del taken
+        cpu = measure.process_tree_cpu(exclude=(sampler.pid,))
+        time.sleep(0.5)  # ~100 samples: a sampler in this process would take 0.1-0.6 s of its CPU
+        idle_cpu = measure.process_tree_cpu(exclude=(sampler.pid,)) - cpu
+    finally:
+        sampler.stop()
+    assert base + 120 * mib <= sampler.peak < base + 128 * mib + 64 * mib
+    assert idle_cpu < 0.05
+    assert not psutil.pid_exists(sampler.pid)
