@@ -23,6 +23,7 @@ from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound
 from .._base.redact import redact, redact_url, url_secrets
 from .retries import backoff_delay, log_retry, watch
 from .options import FetchOptions, note_fetch, note_size
+from .environ import origin_settings
 from .loop import get_session
 
 __all__ = ["http_stream", "translate_error"]
@@ -266,6 +267,7 @@ async def http_stream(
     if stop is not None and stop == start:
         return
     session = await get_session()
+    environ = await origin_settings(url)  # the environment's proxy and netrc credentials
     timeout = _timeout(options)
     transfer = _Transfer(url, start, stop)
     with watch(url, options) as silence:  # a silent transfer is reported before it times out
@@ -275,8 +277,10 @@ async def http_stream(
             try:
                 _same_object(transfer, identity)
                 headers = transfer.request_headers()
+                headers.update(environ.headers)
                 # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
-                async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size) as resp:
+                async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size,
+                                       **environ.keywords) as resp:
                     _same_object(transfer, identity)  # (another part's response may have come meanwhile)
                     skip = transfer.accept(resp)
                     _learn_object(transfer, identity)

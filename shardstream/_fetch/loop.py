@@ -110,7 +110,9 @@ async def get_session() -> Any:
             auto_decompress=False,
             headers={"Accept-Encoding": "identity"},
             timeout=aiohttp.ClientTimeout(total=None),
-            trust_env=True,  # honour HTTP(S)_PROXY / NO_PROXY, as curl does for webdataset
+            # HTTP(S)_PROXY, NO_PROXY and netrc are honoured (as curl does for webdataset), but per
+            # origin and once a minute (`environ`), not in two executor trips per request
+            trust_env=False,
         )
         with _lock:
             _sessions[loop] = session
