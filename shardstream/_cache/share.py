@@ -51,7 +51,7 @@ _HEADER = struct.Struct(">8sQ")  # magic, block size
 _MAGIC = b"shsums3\n"
 _DIGEST = struct.Struct(">Q")
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
-WRITE_BYTES = 256 << 10  # bytes per write call at most (see _write_chunks)
+WRITE_BYTES = 256 << 10  # bytes per write call at most (why: _write_chunks)
 MAX_QUEUED = 16 << 20  # bytes handed to the writer thread but not yet written: the reader waits beyond
 WRITE_STALL = 60.0  # seconds the writer thread may take no data before the write is given up
 PREALLOCATE_SPARE = 256 << 20  # bytes of free disk a preallocation leaves, at least
@@ -77,7 +77,14 @@ def open_progress_log(temp: str, block_size: int) -> int:
 
 def _write_chunks(fd: int, chunks: List, nbytes: int) -> None:
     """Write `chunks` (`nbytes` in all) in order, in writev calls of at most WRITE_BYTES each
-    (a chunk larger than that goes alone)."""
+    (a chunk larger than that goes alone).
+
+    Why not one writev for all: on this project's VMs (Linux 6.18, ext4, a balloon that hands free
+    memory back to the host), 480 MB written in 1 MiB calls took 0.13-1.5 s of system time (5 of 9
+    runs over 0.5 s), in 256 or 512 KiB calls 0.12-0.18 s (12 of 12): a large write gets large
+    page-cache folios, from the high-order free blocks that the balloon has handed back and the
+    host must fault in again (our reading; the measurements are what we have). A syscall per
+    256 KiB costs nothing measurable anywhere."""
     group: List = []
     size = 0
     for chunk in chunks:
