@@ -50,7 +50,7 @@ test: $(STAMP) $(CLIP_STAMP)
 	OPENCLIP_PYTHON="$(abspath $(CLIP_PY))" $(PY) -m pytest -q -p no:cacheprovider tests
 	# the fetchers again on asyncio's own loop (the suite above runs on uvloop, a `dev` extra)
 	SHARDSTREAM_UVLOOP=0 $(PY) -m pytest -q -p no:cacheprovider tests/test_loop.py tests/test_fetch_http.py \
-		tests/test_fetch_parallel.py tests/test_parts.py tests/test_retries.py tests/test_fetch_s3.py
+		tests/test_fetch_parallel.py tests/test_parts.py tests/test_retries.py tests/test_fetch_s3.py tests/test_environ.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py --processes 3
