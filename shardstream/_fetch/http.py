@@ -267,7 +267,7 @@ async def http_stream(
     if stop is not None and stop == start:
         return
     session = await get_session()
-    environ = await origin_settings(url)  # the environment's proxy and netrc credentials
+    from_env = await origin_settings(url)  # the environment's proxy and netrc credentials
     timeout = _timeout(options)
     transfer = _Transfer(url, start, stop)
     with watch(url, options) as silence:  # a silent transfer is reported before it times out
@@ -277,10 +277,10 @@ async def http_stream(
             try:
                 _same_object(transfer, identity)
                 headers = transfer.request_headers()
-                headers.update(environ.headers)
+                headers.update(from_env.headers)
                 # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
                 async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size,
-                                       **environ.keywords) as resp:
+                                       **from_env.keywords) as resp:
                     _same_object(transfer, identity)  # (another part's response may have come meanwhile)
                     skip = transfer.accept(resp)
                     _learn_object(transfer, identity)
