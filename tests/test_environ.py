@@ -94,3 +94,31 @@ def test_one_lookup_per_origin_however_many_requests(clean_environment, shardset
         assert len(list(wds.WebDataset(urls, shardshuffle=False, fetch_options=small_parts))) > 0
         requests = server.stats.snapshot().requests
     assert requests > 2 * len(urls) and len(calls) == 1
+
+
+def _read_in_child(urls, out):
+    out.put(len(list(wds.WebDataset(urls, shardshuffle=False))))
+
+
+def test_a_child_forked_while_the_lock_is_held_reads_on(clean_environment, shardset):
+    """The lookup table's lock held by another thread at fork time (the parent's loop thread, say)
+    must not hang the child's first request."""
+    import multiprocessing
+
+    root = os.path.dirname(shardset[0])
+    expected = len(list(wds.WebDataset(shardset, shardshuffle=False)))
+    context = multiprocessing.get_context("fork")
+    with ShardServer(root) as server:
+        urls = [server.url(os.path.basename(p)) for p in shardset]
+        out = context.Queue()
+        with environ._lock:
+            child = context.Process(target=_read_in_child, args=(urls, out))
+            child.start()
+        try:
+            assert out.get(timeout=30) == expected
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+                child.join()
+    assert child.exitcode == 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -104,3 +105,15 @@ def forget() -> None:
     """Drop every cached lookup (the next request of each origin reads the environment again)."""
     with _lock:
         _settings.clear()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts afresh: the parent's loop thread may have held the lock at fork time,
+    and its lookups are futures of the parent's loop."""
+    global _lock, _settings
+    _lock = threading.Lock()
+    _settings = weakref.WeakKeyDictionary()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
