@@ -253,10 +253,10 @@ def timed_pass(start_pass, count, hold: int = 0, server_pid: Optional[int] = Non
     sampler: Optional[PssSampler] = None
     try:
         gc.collect()
-        helpers = () if held.pid is None else (held.pid,)
-        base_pss = tree_pss(psutil.Process(), helpers)  # the process before the pass: interpreter, torch, the library
-        sampler = PssSampler(exclude=helpers)
-        helpers = (*helpers, sampler.pid)
+        holder = () if held.pid is None else (held.pid,)
+        base_pss = tree_pss(psutil.Process(), holder)  # the process before the pass: interpreter, torch, the library
+        sampler = PssSampler(exclude=holder)
+        helpers = (*holder, sampler.pid)  # (left out of the pass's CPU)
         held.start()
         cpu_start, server_start = process_tree_cpu(exclude=helpers), server_cpu(server_pid)
         started = time.perf_counter()

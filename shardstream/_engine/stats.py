@@ -154,7 +154,7 @@ class PipelineStats:
         workers = int(busiest["workers"])  # type: ignore[call-overload]
         what = f"its {workers} threads are" if workers != 1 else "its thread is"
         line = f"stage '{busiest['name']}' limits throughput: {what} busy {busiest['utilisation']:.0%} of the time"
-        waited = self.source.get("wait_us", 0) / 1e6
+        waited = self.source.get("wait_us", 0) / 1e6  # (the source's waits; its segment is stages[0])
         if waited and busiest is self.stages[0] and waited >= _IO_BOUND * float(busiest["busy_s"]):  # type: ignore[arg-type]
             return line + (
                 f", {waited / self.wall_s:.0%} of the run waiting for shard bytes that had not arrived: "

@@ -46,10 +46,9 @@ class _Buffer:
     ChunkStream lets its finalizer cancel the pump.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, group: Any = None,
-                 stats: Optional[FetchStats] = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, stats: FetchStats, group: Any = None) -> None:
         self.loop, self.limit = loop, limit
-        self.stats = stats  # gets `wait_us`: how long the consumer waited for bytes
+        self.stats = stats  # the stream's: gets `wait_us`, how long the consumer waited for bytes
         self.cond = threading.Condition(threading.Lock())
         self.items: collections.deque = collections.deque()
         self.buffered = 0
@@ -112,7 +111,7 @@ class _Buffer:
                 self.pump_waiting = False
         if wake:
             self.loop.call_soon_threadsafe(self.resume.set)
-        if started and self.stats is not None:
+        if started:
             self.stats.add(wait_us=int((time.perf_counter() - started) * 1e6))
         return item
 
@@ -167,7 +166,7 @@ class ChunkStream:
         self.stats = FetchStats(also=count_into)
         self._pid = os.getpid()
         self._loop = get_loop()
-        self._buffer = _Buffer(self._loop, self.options.prefetch_bytes, group, self.stats)
+        self._buffer = _Buffer(self._loop, self.options.prefetch_bytes, self.stats, group)
         self._future = run_coroutine(_pump(url, self.options, start, self._buffer, self.stats))
         # A pump that never ran or was cancelled by loop shutdown must not leave a consumer
         # waiting forever. (No bound method here: the loop must not keep this object alive.)
