@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["SOURCES", "WORKLOADS", "Comparison", "Config", "Rep", "Result", "check_same_payload", "merge",
-           "run_config"]
+           "run_config", "wanting_more"]
 
 WORKLOADS = ("raw", "decode", "remote")  # the workload modules
 SOURCES = ("local", "http", "s3")
@@ -275,6 +275,16 @@ def merge(runs: list[Result]) -> Result:
         if run.error and not merged.error:
             merged.error = run.error if len(runs) == 1 else f"process {index + 1}/{len(runs)}: {run.error}"
     return merged
+
+
+def wanting_more(configs: list[Config], runs: dict[str, list[Result]], most: int, total_s: float) -> list[Config]:
+    """The configurations that get one more fresh process: none failed, fewer than `most` ran,
+    and their first passes add up to less than `total_s` seconds."""
+    def wants(results: list[Result]) -> bool:
+        if len(results) >= most or any(r.error for r in results):
+            return False
+        return sum(rep.wall_s for rep in merge(results).firsts) < total_s
+    return [config for config in configs if wants(runs[config.key])]
 
 
 def run_config(config: Config, urls: list[str], *, repeat: int, expected_samples: int,

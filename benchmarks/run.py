@@ -4,7 +4,10 @@
                                        [--shards 16] [--workers 1,2,4] [--processes 1] [--quick] [--only SECTION]
 
 Every configuration runs in its own fresh Python process (in `--processes` of them, in turns across
-the configurations, the headline being the median of their first passes). The servers of the remote workloads (HTTP,
+the configurations, the headline being the median of their first passes). A configuration whose
+first passes are short gets more processes, up to `--max-processes`, until they add up to
+`--short-total` seconds: a pass of a third of a second varies by half its length from one fresh
+process to the next on a shared machine, and three of them cannot tell 0.88x from 1.0x. The servers of the remote workloads (HTTP,
 S3) run in their own processes, started once here and stopped on the way out (errors, Ctrl-C and
 SIGTERM included). Prints a table, writes benchmarks/out/results.json and benchmarks/out/benchmarks.png.
 """
@@ -27,11 +30,12 @@ from pathlib import Path
 import corpus
 import report
 import servers
-from harness import WORKLOADS, Comparison, Config, Result, check_same_payload, merge, run_config
+from harness import WORKLOADS, Comparison, Config, Result, check_same_payload, merge, run_config, wanting_more
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
 QUICK = {"samples": 256, "shards": 8, "repeat": 1}
+SHORT_TOTAL_S = 3.0  # a config's first passes add up to this much at least, within --max-processes
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="DataLoader/WebLoader worker counts (decode; remote always uses 2 and 8)")
     parser.add_argument("--processes", type=int, default=1,
                         help="fresh processes per config, run in turns across the configs: the headline is the median first pass")
+    parser.add_argument("--max-processes", type=int, default=0,
+                        help="fresh processes at most for a config with short first passes (default: 5x --processes)")
+    parser.add_argument("--short-total", type=float, default=SHORT_TOTAL_S,
+                        help="seconds of first passes a config's median is taken over, at least (within --max-processes)")
     parser.add_argument("--quick", action="store_true", help="small corpus, 1 repetition: a smoke test")
     parser.add_argument("--only", default="", help="run only configurations whose 'section/name' contains this")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per config")
@@ -52,7 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.processes < 1:
         parser.error("--processes must be >= 1")
     if args.quick:
-        vars(args).update(QUICK)
+        vars(args).update(QUICK, max_processes=args.processes)
+    args.max_processes = args.max_processes or 5 * args.processes
+    if args.max_processes < args.processes:
+        parser.error("--max-processes must be >= --processes")
     args.workers = [int(n) for n in args.workers.split(",") if n.strip()]
     return args
 
@@ -99,6 +110,8 @@ def machine_meta(args: argparse.Namespace, urls: list[str]) -> dict:
         "corpus_mb": round(sum(os.path.getsize(u) for u in urls) / 1e6, 1),
         "repeat": args.repeat,
         "processes": args.processes,
+        "max_processes": args.max_processes,
+        "short_total_s": args.short_total,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -109,7 +122,9 @@ def header_line(meta: dict) -> str:
             f"webdataset={meta['webdataset']} shardstream={meta['shardstream']} ({meta['git']}) | "
             f"corpus {meta['samples']} samples / {meta['shards']} shards / {meta['corpus_mb']} MB | "
             + (f"first pass of a fresh process, best of {meta['repeat']} beside it" if meta.get("processes", 1) == 1 else
-               f"median first pass of {meta['processes']} fresh processes, best of {meta['processes']}x{meta['repeat']} beside it"))
+               f"median first pass of {meta['processes']} fresh processes, best of {meta['processes']}x{meta['repeat']} beside it")
+            + (f" (short passes: more processes, up to {meta['max_processes']})"
+               if meta.get("max_processes", 1) > meta.get("processes", 1) else ""))
     if "http" in meta:
         http = meta["http"]
         line += (f" | http: {http['latency_ms']:g} ms to first byte, "
@@ -183,25 +198,35 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[Result]] = {config.key: [] for config in configs}
     with contextlib.ExitStack() as stack:
         remotes, failed_sources = start_servers(stack, {c.source for c in configs}, urls)
+
+        def run_one(config: Config, label: str) -> None:
+            print(f"running {config.workload}/{config.name}{label} ...", end=" ", flush=True)
+            reason = cannot_run(config, failed_sources)
+            if reason is not None:
+                result = Result(config, error=reason, corpus_bytes=corpus_bytes)
+            else:
+                remote = remotes[config.source]
+                result = run_config(config, remote.urls, repeat=args.repeat, expected_samples=args.samples,
+                                    timeout_s=args.timeout, warm=urls, env=remote.env,
+                                    corpus_bytes=corpus_bytes, server_pid=remote.pid)
+            print(f"FAILED: {result.error}" if result.error else f"{result.rate:,.0f} samples/s", flush=True)
+            runs[config.key].append(result)
+
         for turn in range(args.processes):  # in turns, so that a drift of the machine touches every config alike
             for config in configs:
-                suffix = f" ({turn + 1}/{args.processes})" if args.processes > 1 else ""
-                print(f"running {config.workload}/{config.name}{suffix} ...", end=" ", flush=True)
-                reason = cannot_run(config, failed_sources)
-                if reason is not None:
-                    result = Result(config, error=reason, corpus_bytes=corpus_bytes)
-                else:
-                    remote = remotes[config.source]
-                    result = run_config(config, remote.urls, repeat=args.repeat, expected_samples=args.samples,
-                                        timeout_s=args.timeout, warm=urls, env=remote.env,
-                                        corpus_bytes=corpus_bytes, server_pid=remote.pid)
-                print(f"FAILED: {result.error}" if result.error else f"{result.rate:,.0f} samples/s", flush=True)
-                runs[config.key].append(result)
+                run_one(config, f" ({turn + 1}/{args.processes})" if args.processes > 1 else "")
+        while short := wanting_more(configs, runs, args.max_processes, args.short_total):  # (in turns too)
+            for config in short:
+                run_one(config, f" ({len(runs[config.key]) + 1}, a short pass)")
     results = [merge(runs[config.key]) for config in configs]
+    meta["processes_run"] = {key: len(done) for key, done in runs.items() if len(done) != args.processes}
     check_same_payload(results)
     header = header_line(meta)
     print()
     print(report.format_table(results, header))
+    if meta["processes_run"]:
+        print("\nfresh processes of the configs with short first passes: "
+              + ", ".join(f"{key} {n}" for key, n in meta["processes_run"].items()))
     for block in (report.format_comparisons(results, selected_comparisons(args)),
                   report.format_verdicts(results)):
         if block:

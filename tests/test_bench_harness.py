@@ -77,3 +77,16 @@ def test_a_failed_process_fails_the_configuration_and_is_named(harness, config):
     with pytest.raises(ValueError):
         harness.merge([])
 
+
+
+def test_configs_with_short_first_passes_get_more_processes_up_to_the_most(harness, config):
+    slow, failed = harness.Config("raw", "slow", "shardstream"), harness.Config("raw", "failed", "shardstream")
+    configs = [config, slow, failed]
+    runs = {config.key: [run(harness, config, 0.5, 0.25) for _ in range(3)],  # 1.5 s of first passes
+            slow.key: [run(harness, slow, 2.0) for _ in range(3)],
+            failed.key: [run(harness, failed, 0.1, error="exit 1: boom")]}
+    assert harness.wanting_more(configs, runs, 15, 3.0) == [config]  # not the long nor the failed one
+    runs[config.key] += [run(harness, config, 0.5) for _ in range(3)]  # 3.0 s now, in 6 processes
+    assert harness.wanting_more(configs, runs, 15, 3.0) == []
+    assert harness.wanting_more(configs, runs, 15, 3.5) == [config]
+    assert harness.wanting_more(configs, runs, 6, 3.5) == []  # no more than the most
