@@ -2,7 +2,11 @@
 happens when one of its blocks is corrupt.
 
 A hit is memory-mapped and parsed like a local shard (`mapped_member_batches`), each block
-checked against its recorded digest before any of its bytes are parsed. A read that resumes
+checked against its recorded digest before any of its bytes are parsed. Its payloads are copied
+out of the map, where a local shard's large ones are read with os.pread: the check has faulted in
+every page already, and on the build machine a copy from mapped pages took a quarter of pread's
+system time. (Checking blocks ahead on another thread was measured too, and lost: 8.9k against
+11.2k samples/s, its page faults and TLB flushes now on two cores.) A read that resumes
 mid-shard starts at the saved byte offset: its checks begin at the block holding that offset,
 and the blocks before it are neither checked nor parsed. A corrupt block stops the map before it
 is parsed; the shard is then read again from byte 0 from a fresh copy (`ShardCache.reread`:
@@ -53,7 +57,7 @@ def hit_member_batches(
         try:
             for members in mapped_member_batches(
                 hit.path, url, stats, start_offset, fd=hit.file.fileno(), check=hit.check,
-                window=hit.record.block_size,
+                window=hit.record.block_size, mapped_payloads=True,
             ):
                 if members:
                     after = members[-1].offset + 1

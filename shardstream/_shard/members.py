@@ -95,6 +95,7 @@ def chunk_member_batches(
 def mapped_member_batches(
     path: str, url: str, stats: Optional[SourceStats] = None, start_offset: int = 0, payloads: bool = True,
     *, fd: Optional[int] = None, check: Optional[Callable[[Any, int], None]] = None, window: int = WINDOW,
+    mapped_payloads: bool = False,
 ) -> Iterator[List[TarMember]]:
     """Lists of members of an uncompressed local shard, parsed in place from a memory map.
 
@@ -107,6 +108,10 @@ def mapped_member_batches(
     `check(view, stop)`: called before any byte of the map below `stop` is parsed, with the map's
     view (a disk-cache hit verifies its blocks there; raising stops the batches). `window`: bytes
     parsed per step (a checked map: small, so that the bytes just checked are still in the CPU's cache).
+    `mapped_payloads`: copy large payloads out of the map too, for a caller whose `check` has
+    read every page of it already: a copy from pages this process has mapped cost a quarter of
+    the system time of os.pread's here (462 MB: 0.03 s against 0.22), and the pages were faulted
+    in by the check anyway.
     """
     step = window
     owned = fd is None
@@ -141,7 +146,8 @@ def mapped_member_batches(
                 stop = min(size, pos + window)
                 if check is not None:
                     check(view, stop)
-                members, consumed = reader.feed_view(view[pos:stop], read_range=_preader(fd, pos, url))
+                members, consumed = reader.feed_view(
+                    view[pos:stop], read_range=None if mapped_payloads else _preader(fd, pos, url))
                 if consumed or stop == size:
                     break
                 window *= 2  # a member larger than the window
