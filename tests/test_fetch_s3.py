@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import json
 import os
 import socket
 import subprocess
@@ -556,3 +557,56 @@ def test_a_stream_keeps_a_retired_client_until_it_ends(bucket, s3_admin, monkeyp
         assert old.task.done() and old not in _s3client._retired
 
     run(body)
+
+
+# ---- botocore's data, read once per process ---------------------------------------------------
+
+_CLIENT_IN_A_FRESH_PROCESS = r"""
+import asyncio, json, os, sys
+from botocore import loaders
+from shardstream._fetch import registry
+assert "shardstream._fetch.s3" not in sys.modules
+url = f"s3://{sys.argv[1]}/a.tar"
+if sys.argv[2] == "warm":
+    registry.warm_fetchers([url])  # (what WebDataset does when it is built)
+    registry._finish_warming()
+from shardstream._fetch import s3 as _s3
+from shardstream._fetch.options import FetchOptions
+read = []
+load_file = loaders.JSONFileLoader.load_file
+loaders.JSONFileLoader.load_file = lambda self, path: read.append(os.path.basename(path)) or load_file(self, path)
+
+async def main():
+    chunks = [chunk async for chunk in _s3.s3_stream(url, options=FetchOptions())]
+    return b"".join(chunks)
+
+data = asyncio.run(main())
+print(json.dumps({"read": read, "size": len(data)}))
+"""
+
+
+@pytest.mark.parametrize("warmed", [False, True], ids=["cold", "warmed"])
+def test_a_warmed_process_reads_no_botocore_data_when_it_makes_its_client(bucket, s3_admin, warmed):
+    # Making a client reads the S3 model, endpoints and partitions (~0.1 s); warming reads them
+    # into the process's shared loader first, so the first client (and a forked worker's) finds them.
+    s3_admin.put_object(Bucket=bucket, Key="a.tar", Body=payload(3000))
+    child = subprocess.run([sys.executable, "-c", _CLIENT_IN_A_FRESH_PROCESS, bucket, "warm" if warmed else "cold"],
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert child.returncode == 0, child.stderr[-2000:]
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["size"] == 3000
+    if warmed:
+        assert result["read"] == []
+    else:
+        assert "service-2" in result["read"] and "endpoints" in result["read"]
+
+
+def test_sessions_share_one_loader(bucket, s3_admin):
+    async def two_clients():
+        first = await client_for(Options())
+        await _s3client.close_s3_clients()  # (the next lease makes a new client, in a new session)
+        second = await client_for(Options())
+        return first, second
+
+    first, second = run(two_clients)
+    assert first is not second and first._loader is second._loader

@@ -125,9 +125,13 @@ def warm_fetchers(urls: Iterable[Any], limit: int = 64) -> None:
 
 
 def _import_quietly(names) -> None:
+    """Import each module, then run its `warm()` if it has one (the S3 fetcher reads botocore's
+    model of S3 there)."""
     for name in names:
         try:
-            importlib.import_module(name)
+            warm = getattr(importlib.import_module(name), "warm", None)
+            if callable(warm):
+                warm()
         except Exception:  # noqa: BLE001 - (an optional dependency missing: the first fetch says so)
             pass
 
