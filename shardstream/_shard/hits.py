@@ -6,8 +6,9 @@ checked against its recorded digest before any of its bytes are parsed. Its payl
 out of the map, where a local shard's large ones are read with os.pread: the check has faulted in
 every page already, and copying from them costs far less system time than pread (see
 `mapped_member_batches`). (Checking blocks ahead on another thread was measured too, and lost:
-8.9k against 11.2k samples/s over 25 fresh processes each, with more CPU: the checking threads'
-page faults and the TLB flushes that unmapping then sends to the other core.) A read that resumes
+8.9k against 11.2k samples/s over 25 fresh processes each, with more CPU; our reading: a hit maps
+every page, so unmapping it flushes TLBs, and with a checking thread busy on the other core each
+flush interrupts it.) A read that resumes
 mid-shard starts at the saved byte offset: its checks begin at the block holding that offset,
 and the blocks before it are neither checked nor parsed. A corrupt block stops the map before it
 is parsed; the shard is then read again from byte 0 from a fresh copy (`ShardCache.reread`:
