@@ -57,6 +57,7 @@ def _configuration() -> str:
 # ---- botocore's data, read once per process --------------------------------------------------
 
 _loaders: Dict[Optional[str], Any] = {}  # botocore's data loaders by data path, shared by every session
+_loading = threading.Lock()  # held while data is read into a shared loader
 # What making an S3 client reads: (loader method, arguments, keywords), as botocore calls them (the
 # loader caches each call by its arguments; a data file read by one call is not read by another).
 _CLIENT_DATA: Tuple[Tuple[str, Tuple[str, ...], Dict[str, Any]], ...] = (
@@ -81,17 +82,29 @@ def _loader_for(data_path: Optional[str]) -> Any:
         return loader
 
 
+def _read_client_data(data_path: Optional[str]) -> Any:
+    """The shared loader for `data_path`, holding what making an S3 client reads.
+
+    Read under a lock, before any session gets the loader: botocore merges a model's extras into
+    the cached model the first time it loads it, and a session reading that model on another
+    thread meanwhile could see it change (botocore does not make one session's loader safe
+    across threads either). Once read, creating a client only looks the data up. A failure
+    (another botocore layout) leaves the reading to the client."""
+    loader = _loader_for(data_path)
+    with _loading:
+        try:
+            for method, args, keywords in _CLIENT_DATA:
+                getattr(loader, method)(*args, **keywords)
+        except Exception as exc:  # noqa: BLE001
+            logger.debug("reading botocore's S3 data ahead failed: %r", exc)
+    return loader
+
+
 def preload() -> None:
     """Read what making an S3 client reads into the loader of the default data path. The
     registry's warming thread calls it after importing the S3 fetcher, so the first client finds
-    it read, and so does every DataLoader worker forked after it. A failure (another botocore
-    layout) leaves the reading to the client."""
-    loader = _loader_for(os.environ.get("AWS_DATA_PATH"))
-    try:
-        for method, args, keywords in _CLIENT_DATA:
-            getattr(loader, method)(*args, **keywords)
-    except Exception as exc:  # noqa: BLE001
-        logger.debug("reading botocore's S3 data ahead failed: %r", exc)
+    it read, and so does every DataLoader worker forked after it."""
+    _read_client_data(os.environ.get("AWS_DATA_PATH"))
 
 
 # ---- one client per (event loop, timeouts, configuration) -------------------------------------
@@ -220,7 +233,10 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
     """
     try:
         session = get_session()
-        session.register_component("data_loader", _loader_for(session.get_config_variable("data_path")))
+        # (read off the loop's thread when the warming thread has not: ~0.1 s of JSON)
+        loader = await asyncio.get_running_loop().run_in_executor(
+            None, _read_client_data, session.get_config_variable("data_path"))
+        session.register_component("data_loader", loader)
         # Resolving credentials here (not on the first request) lets public buckets work unsigned.
         anonymous = await session.get_credentials() is None
         config = AioConfig(
@@ -305,8 +321,9 @@ def _after_fork_in_child() -> None:
     finalisers do it, would unregister the parent's sockets. The child makes its own clients on
     its own loop. (Best effort on aiobotocore internals, as shardstream._fetch.loop does for its own.)
     """
-    global _clients_lock
+    global _clients_lock, _loading
     _clients_lock = threading.Lock()  # another thread may have held it at fork time
+    _loading = threading.Lock()
     for entry in _entries_on():
         ready = entry.ready
         _inherited.append(entry)
