@@ -42,11 +42,10 @@ from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError, safe_cause
 from .options import FetchOptions, note_fetch, note_size
 from .retries import backoff_delay, log_retry
-from .s3client import lease_client, preload
+from .s3client import lease_client
+from .s3client import preload as warm  # (the registry's warming thread runs it after importing us)
 
 __all__ = ["S3Stats", "s3_list", "s3_stats", "s3_stream", "warm"]
-
-warm = preload  # what the registry's warming thread runs after importing this module
 
 logger = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ def _configuration() -> str:
 # ---- botocore's data, read once per process --------------------------------------------------
 
 _loaders: Dict[Optional[str], Any] = {}  # botocore's data loaders by data path, shared by every session
-_loading = threading.Lock()  # held while data is read into a shared loader
+_loading = threading.Lock()  # held while a shared loader is made or data read into it
 # What making an S3 client reads: (loader method, arguments, keywords), as botocore calls them (the
 # loader caches each call by its arguments; a data file read by one call is not read by another).
 _CLIENT_DATA: Tuple[Tuple[str, Tuple[str, ...], Dict[str, Any]], ...] = (
@@ -70,28 +70,21 @@ _CLIENT_DATA: Tuple[Tuple[str, Tuple[str, ...], Dict[str, Any]], ...] = (
 )
 
 
-def _loader_for(data_path: Optional[str]) -> Any:
-    """botocore's data loader for `data_path`, one per process. A session (we make one per client)
-    otherwise reads the S3 model, its endpoint rules, the endpoints and the partitions again:
-    ~0.1 s of the 0.16-0.2 s a client took to make here, in every process and on every loop. The
-    data is read-only to botocore: one session's clients share its loader the same way."""
-    with _clients_lock:
-        loader = _loaders.get(data_path)
-        if loader is None:
-            loader = _loaders[data_path] = create_loader(data_path)
-        return loader
-
-
 def _read_client_data(data_path: Optional[str]) -> Any:
-    """The shared loader for `data_path`, holding what making an S3 client reads.
+    """botocore's data loader for `data_path`, one per process, holding what making an S3 client
+    reads. A session (we make one per client) otherwise reads the S3 model, its endpoint rules,
+    the endpoints and the partitions again: ~0.1 s of the 0.16-0.2 s a client took to make here,
+    in every process and on every loop. One session's clients share its loader the same way.
 
     Read under a lock, before any session gets the loader: botocore merges a model's extras into
     the cached model the first time it loads it, and a session reading that model on another
     thread meanwhile could see it change (botocore does not make one session's loader safe
     across threads either). Once read, creating a client only looks the data up. A failure
     (another botocore layout) leaves the reading to the client."""
-    loader = _loader_for(data_path)
     with _loading:
+        loader = _loaders.get(data_path)
+        if loader is None:
+            loader = _loaders[data_path] = create_loader(data_path)
         try:
             for method, args, keywords in _CLIENT_DATA:
                 getattr(loader, method)(*args, **keywords)
