@@ -59,7 +59,7 @@ def hit_member_batches(
         try:
             for members in mapped_member_batches(
                 hit.path, url, stats, start_offset, fd=hit.file.fileno(), check=hit.check,
-                window=hit.record.block_size, mapped_payloads=True,
+                window=hit.record.block_size,
             ):
                 if members:
                     after = members[-1].offset + 1
