@@ -456,3 +456,15 @@ def test_a_signed_url_quoted_decoded_in_a_third_party_message_is_redacted():
             assert warned and not [s for s in secrets for w in warned if s in str(w.message)]
     finally:
         run_coroutine(runner.cleanup()).result(5)
+
+
+def test_a_reader_that_pauses_is_no_silence_of_the_servers(server, files, caplog):
+    """The transfer waits for its reader, not the server: the watchdog does not warn about it."""
+    options = FAST.replace(stall_timeout=0.6, prefetch_bytes=256 * KIB)  # (a warning after 0.2 s)
+    with caplog.at_level("WARNING", logger="shardstream"):
+        with open_stream(server.url("large.bin"), options=options) as stream:
+            first = next(stream)
+            time.sleep(1.0)
+            assert first + b"".join(stream) == files[1]["large.bin"]
+            assert stream.stats.retries == 0
+    assert not [r for r in caplog.records if "no bytes from" in r.getMessage()]

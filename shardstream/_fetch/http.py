@@ -25,6 +25,7 @@ from .retries import backoff_delay, log_retry, watch
 from .options import FetchOptions, note_fetch, note_size
 from .environ import origin_settings
 from .loop import get_session
+from .lowat import LowWater
 
 __all__ = ["http_stream", "translate_error"]
 
@@ -291,24 +292,34 @@ async def http_stream(
                         on_size = None
                     if skip is None:
                         return
-                    async for chunk in resp.content.iter_chunked(options.chunk_size):
-                        silence.beat()
-                        if skip:
-                            if len(chunk) <= skip:
-                                skip -= len(chunk)
-                                continue
-                            chunk, skip = chunk[skip:], 0
-                        total = transfer.total
-                        if total is not None and transfer.received + len(chunk) > total:
-                            raise transfer.error(f"body is longer than the advertised {total} bytes")
-                        if stop is not None and transfer.received + len(chunk) >= stop:
-                            chunk = chunk[: stop - transfer.received]  # a 200 (Range ignored) goes on
-                            transfer.received = stop
-                            if chunk:
-                                yield chunk
-                            return
-                        transfer.received += len(chunk)
-                        yield chunk
+                    lowat = LowWater.for_response(resp, options.chunk_size)
+                    try:
+                        async for chunk in resp.content.iter_chunked(options.chunk_size):
+                            silence.beat()
+                            if lowat is not None:
+                                lowat.update()
+                            if skip:
+                                if len(chunk) <= skip:
+                                    skip -= len(chunk)
+                                    continue
+                                chunk, skip = chunk[skip:], 0
+                            total = transfer.total
+                            if total is not None and transfer.received + len(chunk) > total:
+                                raise transfer.error(f"body is longer than the advertised {total} bytes")
+                            if stop is not None and transfer.received + len(chunk) >= stop:
+                                chunk = chunk[: stop - transfer.received]  # a 200 (Range ignored) goes on
+                                transfer.received = stop
+                                if chunk:
+                                    silence.hold()
+                                    yield chunk
+                                return
+                            transfer.received += len(chunk)
+                            silence.hold()  # (while the consumer has it)
+                            yield chunk
+                            silence.beat()
+                    finally:
+                        if lowat is not None:
+                            lowat.close()
                     if skip:
                         raise transfer.error("the full response is shorter than the bytes already received")
                 if transfer.total is None or transfer.complete:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import time
@@ -49,6 +50,11 @@ class Silence:
     def beat(self) -> None:
         self.last = time.monotonic()
         self.warned = False
+
+    def hold(self) -> None:
+        """The transfer waits for its reader, not for the server: no silence until the next `beat`.
+        (A reader that pauses for a training step's checkpoint is no stall of the server's.)"""
+        self.last = math.inf
 
     def rest(self, seconds: float) -> None:
         """The transfer waits `seconds` on purpose (a back-off): silence counts from then on."""

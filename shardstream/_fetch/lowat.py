@@ -1,0 +1,145 @@
+"""Fewer, larger socket reads for a response body of known length: the socket's receive low-water
+mark (SO_RCVLOWAT), sized from the transfer's own rate.
+
+A socket is readable as soon as any bytes land, so the loop wakes for whatever a server's last
+write or the network's last burst brought: a median of 64 KiB per wake-up over 12 connections at
+25 MB/s each (the benchmark's HTTP server). Every wake-up costs the loop thread aiohttp's parser
+call, the re-arming of its read timeout, and a task step or more of ours, whatever its size. With
+the mark at what arrives in WINDOW_S at the transfer's measured rate (at most the chunk size), the
+kernel holds the wake-up until that much is there. Measured on the 2-core build machine, 16
+shards over HTTP, fresh processes, median of 5 alternating runs each: process CPU 1.58 -> 1.29 s a
+pass, 2,174 -> 2,391 samples/s.
+
+The mark may never hold back bytes the reader needs:
+
+- It is at most the body bytes still to come from the socket (content length less what aiohttp
+  was fed), less one TLS record on TLS (a record's plaintext is fed only when it is whole). It is
+  lowered after every chunk the transfer reads, and the loop only waits on the socket after that
+  transfer's task has run (a feed wakes the task in the same pass of the loop).
+- A transfer that gets no byte for QUIET_S has its mark dropped to 1 by a watchdog task: a server
+  that slows down, or a reader that stops pulling (aiohttp's read timeout would run while bytes sit
+  in the kernel), never waits on a batch. Its rate is then measured afresh.
+- The mark is 1 again before the connection goes back to the pool (a later response's headers must
+  wake the loop at once).
+
+Linux only (elsewhere the mark's readiness rules differ); without a known length, with a
+Content-Encoding, or without a socket (a test transport) the transfer reads as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from typing import Any, Dict, Optional
+
+__all__ = ["LowWater", "WINDOW_S", "QUIET_S"]
+
+WINDOW_S = 0.01  # the bytes a wake-up may wait for: this long at the transfer's rate
+QUIET_S = 0.05  # a transfer without a byte this long reads byte by byte again
+SEEDED_S = 0.04  # until a transfer has run this long, its rate is at least its origin's last one
+MIN_MARK = 16 << 10  # a smaller batch saves too little to pay for its system calls
+TLS_SLACK = (16 << 10) + 512  # a TLS record (plaintext and overhead) read but not yet fed
+ENABLED = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVLOWAT")
+
+
+class LowWater:
+    """One response body's low-water mark: `update()` after each chunk it yields, `close()` when
+    it ends (in a `finally`). `for_response` returns None where the mark cannot be used safely."""
+
+    __slots__ = ("sock", "length", "content", "slack", "cap", "origin", "mark", "since", "base", "seen")
+
+    def __init__(self, sock: Any, length: int, content: Any, slack: int, cap: int, origin: Any = None) -> None:
+        self.sock, self.length, self.content, self.slack, self.cap = sock, length, content, slack, cap
+        self.origin = origin
+        self.mark = 1
+        self.since, self.base = time.monotonic(), content.total_bytes  # the rate is measured from here
+        self.seen = -1  # bytes fed when the watchdog last looked
+
+    @classmethod
+    def for_response(cls, resp: Any, cap: int) -> Optional["LowWater"]:
+        """A mark for an aiohttp response whose body's length on the wire is known, else None."""
+        length = resp.content_length
+        conn = resp.connection
+        if not ENABLED or length is None or conn is None or conn.transport is None or cap < MIN_MARK:
+            return None
+        if resp.headers.get("Content-Encoding", "identity").lower() != "identity":
+            return None  # aiohttp counts decoded bytes, the wire carries encoded ones
+        transport = conn.transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or getattr(sock, "type", None) != socket.SOCK_STREAM:
+            return None
+        slack = TLS_SLACK if transport.get_extra_info("ssl_object") is not None else 0
+        mark = cls(sock, length, resp.content, slack, cap, (resp.url.host, resp.url.port))
+        _watch(mark)
+        # At the body's end aiohttp gives the connection back to the pool, maybe before this
+        # transfer's task runs again: the mark goes back to 1 in the same call.
+        resp.content.on_eof(mark.close)
+        return mark
+
+    def update(self) -> None:
+        """Set the mark for the next wake-up from the bytes fed so far (call after every chunk)."""
+        fed = self.content.total_bytes
+        elapsed = time.monotonic() - self.since
+        rate = (fed - self.base) / elapsed if elapsed > 0 else 0.0
+        if elapsed < SEEDED_S:  # too short to tell: at least the rate of the last transfer from there
+            rate = max(rate, _rates.get(self.origin, 0.0))
+        want = min(self.cap, self.length - fed - self.slack, int(rate * WINDOW_S))
+        self._set(want if want >= MIN_MARK else 1)
+
+    def quiet(self) -> None:
+        """No byte for a while: read what is there, and measure the rate from now."""
+        self._set(1)
+        self.since, self.base = time.monotonic(), self.content.total_bytes
+
+    def close(self) -> None:
+        if _watched.pop(id(self), None) is not None:
+            elapsed = time.monotonic() - self.since
+            if elapsed >= SEEDED_S:
+                _rates[self.origin] = (self.content.total_bytes - self.base) / elapsed
+        self._set(1)
+
+    def _set(self, mark: int) -> None:
+        if mark != self.mark:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+            except (OSError, ValueError):  # the connection is gone (its fd too: ValueError); the read reports it
+                self.cap = 0  # no mark again
+                mark = 1
+            self.mark = mark
+
+
+_watched: Dict[int, LowWater] = {}
+_rates: Dict[Any, float] = {}  # (host, port): the rate of the last transfer from there that lasted
+_watchdog: Optional["asyncio.Task[None]"] = None
+
+
+def _watch(mark: LowWater) -> None:
+    global _watchdog
+    _watched[id(mark)] = mark
+    if _watchdog is None or _watchdog.done():
+        _watchdog = asyncio.get_running_loop().create_task(_drop_quiet_marks())
+
+
+async def _drop_quiet_marks() -> None:
+    while _watched:
+        await asyncio.sleep(QUIET_S)
+        for mark in list(_watched.values()):
+            fed = mark.content.total_bytes
+            if fed == mark.seen and mark.mark > 1:
+                mark.quiet()
+            mark.seen = fed
+
+
+def _forget_after_fork() -> None:
+    """A forked child has a loop of its own: the parent's watchdog and transfers are not its."""
+    global _watchdog
+    _watchdog = None
+    _watched.clear()
+    _rates.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
