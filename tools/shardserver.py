@@ -46,6 +46,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -480,17 +481,20 @@ def _served_root(root: str | Path) -> Path:
     return resolved
 
 
-async def _start_site(handler: _FileHandler, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Start serving; return the runner (for cleanup) and the base URL with the bound port."""
+async def _start_site(
+    handler: _FileHandler, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, str]:
+    """Start serving (HTTPS with `ssl_context`); return the runner (for cleanup) and the base URL
+    with the bound port."""
     app = web.Application()
     app.router.add_get("/{path:.*}", handler.handle)  # also answers HEAD
     runner = web.AppRunner(
         app, handle_signals=False, access_log=None, shutdown_timeout=_SHUTDOWN_GRACE
     )
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     bound_port = runner.addresses[0][1]
-    return runner, f"http://{host}:{bound_port}"
+    return runner, f"{'https' if ssl_context is not None else 'http'}://{host}:{bound_port}"
 
 
 class ShardServer:
@@ -499,6 +503,7 @@ class ShardServer:
     Args:
         root: directory to serve.
         host, port: where to bind; port 0 picks a free port.
+        ssl_context: serve HTTPS with this server-side context (its certificate and key).
         options: a ServerOptions, or give its fields as keyword arguments instead.
 
     Attributes: `options` (live; assign fields or a whole new ServerOptions), `stats`
@@ -511,6 +516,7 @@ class ShardServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
         options: ServerOptions | None = None,
         **option_fields: Any,
     ) -> None:
@@ -520,7 +526,7 @@ class ShardServer:
         self.stats = ServerStats()
         options = options or ServerOptions(**option_fields)
         self._handler = _FileHandler(self.root, options, self.stats)
-        self._host, self._bind_port = host, port
+        self._host, self._bind_port, self._ssl_context = host, port, ssl_context
         self.base_url: str | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -594,7 +600,7 @@ class ShardServer:
 
     async def _serve(self, ready: threading.Event) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        runner, self.base_url = await _start_site(self._handler, self._host, self._bind_port)
+        runner, self.base_url = await _start_site(self._handler, self._host, self._bind_port, self._ssl_context)
         ready.set()
         try:
             await self._stop.wait()

@@ -39,7 +39,7 @@ __all__ = ["LowWater", "WINDOW_S", "QUIET_S"]
 
 WINDOW_S = 0.01  # the bytes a wake-up may wait for: this long at the transfer's rate
 QUIET_S = 0.05  # a transfer without a byte this long reads byte by byte again
-SEEDED_S = 0.04  # until a transfer has run this long, its rate is at least its origin's last one
+SAMPLE_S = WINDOW_S / 2  # the shortest span a rate is measured over
 MIN_MARK = 16 << 10  # a smaller batch saves too little to pay for its system calls
 TLS_SLACK = (16 << 10) + 512  # a TLS record (plaintext and overhead) read but not yet fed
 ENABLED = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVLOWAT")
@@ -47,15 +47,20 @@ ENABLED = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVLOWAT")
 
 class LowWater:
     """One response body's low-water mark: `update()` after each chunk it yields, `close()` when
-    it ends (in a `finally`). `for_response` returns None where the mark cannot be used safely."""
+    it ends (in a `finally`). `for_response` returns None where the mark cannot be used safely.
 
-    __slots__ = ("sock", "length", "content", "slack", "cap", "origin", "mark", "since", "base", "seen")
+    The rate is the last sample's: the bytes fed over at least SAMPLE_S, so that it follows a link
+    that speeds up or slows down within a few batches (a cumulative mean would still count a stall
+    long after it). A new transfer starts from the last rate seen from its origin."""
+
+    __slots__ = ("sock", "length", "content", "slack", "cap", "origin", "mark", "rate", "at", "at_fed", "seen")
 
     def __init__(self, sock: Any, length: int, content: Any, slack: int, cap: int, origin: Any = None) -> None:
         self.sock, self.length, self.content, self.slack, self.cap = sock, length, content, slack, cap
         self.origin = origin
         self.mark = 1
-        self.since, self.base = time.monotonic(), content.total_bytes  # the rate is measured from here
+        self.rate = _rates.get(origin, 0.0)  # bytes/s
+        self.at, self.at_fed = time.monotonic(), content.total_bytes  # where the current sample began
         self.seen = -1  # bytes fed when the watchdog last looked
 
     @classmethod
@@ -82,23 +87,21 @@ class LowWater:
     def update(self) -> None:
         """Set the mark for the next wake-up from the bytes fed so far (call after every chunk)."""
         fed = self.content.total_bytes
-        elapsed = time.monotonic() - self.since
-        rate = (fed - self.base) / elapsed if elapsed > 0 else 0.0
-        if elapsed < SEEDED_S:  # too short to tell: at least the rate of the last transfer from there
-            rate = max(rate, _rates.get(self.origin, 0.0))
-        want = min(self.cap, self.length - fed - self.slack, int(rate * WINDOW_S))
+        now = time.monotonic()
+        if now - self.at >= SAMPLE_S:
+            self.rate = (fed - self.at_fed) / (now - self.at)
+            self.at, self.at_fed = now, fed
+        want = min(self.cap, self.length - fed - self.slack, int(self.rate * WINDOW_S))
         self._set(want if want >= MIN_MARK else 1)
 
     def quiet(self) -> None:
-        """No byte for a while: read what is there, and measure the rate from now."""
+        """No byte for a while: read what is there, and sample the rate afresh."""
         self._set(1)
-        self.since, self.base = time.monotonic(), self.content.total_bytes
+        self.rate, self.at, self.at_fed = 0.0, time.monotonic(), self.content.total_bytes
 
     def close(self) -> None:
-        if _watched.pop(id(self), None) is not None:
-            elapsed = time.monotonic() - self.since
-            if elapsed >= SEEDED_S:
-                _rates[self.origin] = (self.content.total_bytes - self.base) / elapsed
+        if _watched.pop(id(self), None) is not None and self.rate > 0:
+            _rates[self.origin] = self.rate
         self._set(1)
 
     def _set(self, mark: int) -> None:
@@ -112,7 +115,7 @@ class LowWater:
 
 
 _watched: Dict[int, LowWater] = {}
-_rates: Dict[Any, float] = {}  # (host, port): the rate of the last transfer from there that lasted
+_rates: Dict[Any, float] = {}  # (host, port): the last rate a transfer from there measured
 _watchdog: Optional["asyncio.Task[None]"] = None
 
 
