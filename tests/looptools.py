@@ -13,16 +13,13 @@ from shardstream._fetch.stream import open_stream
 from shardstream._fetch.loop import run_coroutine
 
 
-WATCHDOGS = ("_watch", "_drop_quiet_marks")
-
-
 def loop_tasks():
-    """The tasks on the shared loop (other than the one asking, and the watchdogs of stalls and of
-    receive low-water marks, which come and go with the transfers they watch)."""
+    """The tasks on the shared loop (other than the one asking, and the stall watchdog, which
+    comes and goes with the transfers it watches and restarts to look more often)."""
 
     async def others():
         return {t for t in asyncio.all_tasks()
-                if t is not asyncio.current_task() and t.get_coro().__qualname__ not in WATCHDOGS}
+                if t is not asyncio.current_task() and t.get_coro().__qualname__ != "_watch"}
 
     return run_coroutine(others()).result(5)
 

@@ -13,6 +13,7 @@ import sys
 import tarfile
 import threading
 import time
+import urllib.parse
 import uuid
 import warnings
 
@@ -27,6 +28,7 @@ from botocore.exceptions import (
 from faultproxy import FaultProxy
 from motoserver import free_port, moto_endpoint, moto_server, s3_admin, s3_env  # noqa: F401  (fixtures)
 
+from shardstream._fetch import lowat
 from shardstream._fetch import options as _fetch
 from shardstream._fetch.options import FetchOptions
 from shardstream._fetch import s3 as _s3
@@ -121,6 +123,18 @@ def test_stream_equals_object(bucket, s3_admin, size):
     assert all(len(c) == OPTIONS.chunk_size for c in chunks[:-1]) and all(chunks)
     counts = delta(before)
     assert counts["bytes"] == size and counts["requests"] == 1 and counts["retries"] == 0
+
+
+@pytest.mark.skipif(not lowat.ENABLED, reason="the receive low-water mark is used on Linux only")
+def test_an_object_body_gets_the_receive_low_water_mark(bucket, s3_admin, moto_endpoint):
+    """aiobotocore's body is an aiohttp response: it is read in batches as an HTTP body is (the
+    mark's rate is kept for the origin when the body ends; the mark itself: test_fetch_lowat.py)."""
+    data = payload(8 * 1024 * KB)
+    s3_admin.put_object(Bucket=bucket, Key="shard.tar", Body=data)
+    endpoint = urllib.parse.urlsplit(moto_endpoint)
+    lowat._rates.pop((endpoint.hostname, endpoint.port), None)
+    assert b"".join(run(lambda: collect(f"s3://{bucket}/shard.tar"))) == data
+    assert lowat._rates.get((endpoint.hostname, endpoint.port), 0.0) > 0
 
 
 def test_start_offsets(bucket, s3_admin):

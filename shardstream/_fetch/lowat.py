@@ -6,30 +6,31 @@ write or the network's last burst brought: a median of 64 KiB per wake-up over 1
 25 MB/s each (the benchmark's HTTP server). Every wake-up costs the loop thread aiohttp's parser
 call, the re-arming of its read timeout, and a task step or more of ours, whatever its size. With
 the mark at what arrives in WINDOW_S at the transfer's measured rate (at most the chunk size), the
-kernel holds the wake-up until that much is there. Measured on the 2-core build machine, 16
-shards over HTTP, fresh processes, median of 5 alternating runs each: process CPU 1.58 -> 1.29 s a
-pass, 2,174 -> 2,391 samples/s.
+kernel holds the wake-up until that much is there. Measured on the 2-core build machine, raw
+passes over 16 shards over HTTP in fresh processes, median of 7 alternating runs each: process CPU
+1.53 -> 1.33 s a pass, 2,201 -> 2,333 samples/s.
 
-The mark may never hold back bytes the reader needs:
+The mark must never hold back bytes the reader needs:
 
 - It is at most the body bytes still to come from the socket (content length less what aiohttp
-  was fed), less one TLS record on TLS (a record's plaintext is fed only when it is whole). It is
-  lowered after every chunk the transfer reads, and the loop only waits on the socket after that
-  transfer's task has run (a feed wakes the task in the same pass of the loop).
-- A transfer that gets no byte for QUIET_S has its mark dropped to 1 by a watchdog task: a server
-  that slows down, or a reader that stops pulling (aiohttp's read timeout would run while bytes sit
-  in the kernel), never waits on a batch. Its rate is then measured afresh.
-- The mark is 1 again before the connection goes back to the pool (a later response's headers must
-  wake the loop at once).
+  was fed), less one TLS record on TLS (a record's plaintext is fed only when it is whole; without
+  that slack asyncio's loop hung at a body's end). It is set again after every chunk the transfer
+  reads, so a reader that keeps pulling never waits on it.
+- A reader that stops pulling leaves the mark as it was while aiohttp reads on, and a server that
+  slows down or stalls sends less than the mark: either way a timer drops the mark to 1 once
+  QUIET_S pass without a byte (else the bytes would wait in the kernel, with aiohttp's read
+  timeout running). The rate is then sampled afresh.
+- The mark is 1 again before aiohttp gives the connection back to the pool (a later response's
+  headers must wake the loop at once).
 
 Linux only (elsewhere the mark's readiness rules differ); without a known length, with a
-Content-Encoding, or without a socket (a test transport) the transfer reads as before.
+Content-Encoding, or without a socket (a test transport) the transfer reads as before. aiohttp
+responses of the HTTP fetcher and of aiobotocore (S3) use it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import sys
 import time
@@ -51,21 +52,29 @@ class LowWater:
 
     The rate is the last sample's: the bytes fed over at least SAMPLE_S, so that it follows a link
     that speeds up or slows down within a few batches (a cumulative mean would still count a stall
-    long after it). A new transfer starts from the last rate seen from its origin."""
+    long after it). A new transfer starts from the last rate seen from its origin.
 
-    __slots__ = ("sock", "length", "content", "slack", "cap", "origin", "mark", "rate", "at", "at_fed", "seen")
+    While the mark is above 1 a timer on the loop looks every QUIET_S whether bytes came (the
+    watchdog): one timer per marked transfer, none for a transfer read byte by byte, and no state
+    shared between event loops."""
+
+    __slots__ = ("sock", "length", "content", "slack", "cap", "origin", "loop", "mark", "rate", "at", "at_fed",
+                 "seen", "timer")
 
     def __init__(self, sock: Any, length: int, content: Any, slack: int, cap: int, origin: Any = None) -> None:
         self.sock, self.length, self.content, self.slack, self.cap = sock, length, content, slack, cap
         self.origin = origin
+        self.loop = asyncio.get_running_loop()
         self.mark = 1
         self.rate = _rates.get(origin, 0.0)  # bytes/s
         self.at, self.at_fed = time.monotonic(), content.total_bytes  # where the current sample began
-        self.seen = -1  # bytes fed when the watchdog last looked
+        self.seen = 0  # bytes fed when the watchdog last looked
+        self.timer: Optional[asyncio.TimerHandle] = None
 
     @classmethod
     def for_response(cls, resp: Any, cap: int) -> Optional["LowWater"]:
-        """A mark for an aiohttp response whose body's length on the wire is known, else None."""
+        """A mark for an aiohttp response whose body's length on the wire is known, else None
+        (call on the response's loop)."""
         length = resp.content_length
         conn = resp.connection
         if not ENABLED or length is None or conn is None or conn.transport is None or cap < MIN_MARK:
@@ -78,7 +87,6 @@ class LowWater:
             return None
         slack = TLS_SLACK if transport.get_extra_info("ssl_object") is not None else 0
         mark = cls(sock, length, resp.content, slack, cap, (resp.url.host, resp.url.port))
-        _watch(mark)
         # At the body's end aiohttp gives the connection back to the pool, maybe before this
         # transfer's task runs again: the mark goes back to 1 in the same call.
         resp.content.on_eof(mark.close)
@@ -94,55 +102,39 @@ class LowWater:
         want = min(self.cap, self.length - fed - self.slack, int(self.rate * WINDOW_S))
         self._set(want if want >= MIN_MARK else 1)
 
-    def quiet(self) -> None:
-        """No byte for a while: read what is there, and sample the rate afresh."""
-        self._set(1)
-        self.rate, self.at, self.at_fed = 0.0, time.monotonic(), self.content.total_bytes
-
     def close(self) -> None:
-        if _watched.pop(id(self), None) is not None and self.rate > 0:
+        if self.rate > 0:
             _rates[self.origin] = self.rate
         self._set(1)
+        self.cap = 0  # (a late `update` leaves it at 1)
+
+    def _look(self) -> None:
+        """The watchdog: no byte since the last look, read what is there and sample the rate afresh."""
+        self.timer = None
+        if self.mark == 1:
+            return
+        fed = self.content.total_bytes
+        if fed == self.seen:
+            self._set(1)
+            self.rate, self.at, self.at_fed = 0.0, time.monotonic(), fed
+        else:
+            self.seen = fed
+            self.timer = self.loop.call_later(QUIET_S, self._look)
 
     def _set(self, mark: int) -> None:
-        if mark != self.mark:
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
-            except (OSError, ValueError):  # the connection is gone (its fd too: ValueError); the read reports it
-                self.cap = 0  # no mark again
-                mark = 1
-            self.mark = mark
+        if mark == self.mark:
+            return
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+        except (OSError, ValueError):  # the connection is gone (its fd too: ValueError); the read reports it
+            self.cap, mark = 0, 1  # no mark again
+        self.mark = mark
+        if mark > 1 and self.timer is None:
+            self.seen = self.content.total_bytes
+            self.timer = self.loop.call_later(QUIET_S, self._look)
+        elif mark == 1 and self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
-_watched: Dict[int, LowWater] = {}
 _rates: Dict[Any, float] = {}  # (host, port): the last rate a transfer from there measured
-_watchdog: Optional["asyncio.Task[None]"] = None
-
-
-def _watch(mark: LowWater) -> None:
-    global _watchdog
-    _watched[id(mark)] = mark
-    if _watchdog is None or _watchdog.done():
-        _watchdog = asyncio.get_running_loop().create_task(_drop_quiet_marks())
-
-
-async def _drop_quiet_marks() -> None:
-    while _watched:
-        await asyncio.sleep(QUIET_S)
-        for mark in list(_watched.values()):
-            fed = mark.content.total_bytes
-            if fed == mark.seen and mark.mark > 1:
-                mark.quiet()
-            mark.seen = fed
-
-
-def _forget_after_fork() -> None:
-    """A forked child has a loop of its own: the parent's watchdog and transfers are not its."""
-    global _watchdog
-    _watchdog = None
-    _watched.clear()
-    _rates.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -42,6 +42,7 @@ from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError, safe_cause
 from .options import FetchOptions, note_fetch, note_size
 from .retries import backoff_delay, log_retry
+from .lowat import LowWater
 from .s3client import lease_client
 from .s3client import preload as warm  # (the registry's warming thread runs it after importing us)
 
@@ -164,6 +165,7 @@ class _ObjectReader:
         self._body: Any = None
         self._parts: List[bytes] = []  # received, not yet handed out (kept across a resume)
         self._have = 0
+        self._lowat: Optional[LowWater] = None
 
     async def _open(self) -> None:
         request: Dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
@@ -189,6 +191,8 @@ class _ObjectReader:
         else:
             first, size = 0, int(response["ContentLength"])
         self._body = response["Body"]
+        raw = getattr(self._body, "_raw_stream", None)  # (aiobotocore's aiohttp response; else no mark)
+        self._lowat = LowWater.for_response(raw, self._chunk_size) if raw is not None else None
         if first != self.received:
             raise FetchError(f"S3 answered from byte {first}, asked for {self.received}",
                              url=self._url, offset=self.received)
@@ -218,6 +222,8 @@ class _ObjectReader:
                     await self._open()
                     continue
                 data = await self._body.read(self._chunk_size - self._have)
+                if self._lowat is not None:
+                    self._lowat.update()
                 if not data:
                     raise NetworkError(f"S3 body ended early ({self._size} bytes expected)",
                                        url=self._url, offset=self.received)
@@ -236,6 +242,9 @@ class _ObjectReader:
 
     def close(self) -> None:
         """Drop the current response; a half-read connection cannot go back to the pool."""
+        if self._lowat is not None:
+            self._lowat.close()
+            self._lowat = None
         if self._body is not None:
             self._body.close()
             self._body = None
