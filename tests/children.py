@@ -36,3 +36,12 @@ def kill_alive(procs: Sequence[Any]) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(5)
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a child a test interrupts with SIGINT: the default disposition, which
+    Python turns into KeyboardInterrupt. (A suite started in the background, `make test &` in a
+    script, hands its children SIGINT ignored, and a Python child keeps it ignored.)"""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

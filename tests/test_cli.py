@@ -17,6 +17,7 @@ import time
 
 import pytest
 import webdataset
+from children import interruptible
 from shardsets import sample_members, write_tar
 
 from shardstream._shard.index import read_index
@@ -131,7 +132,7 @@ def test_ctrl_c_ends_a_command_at_once_while_its_server_stalls(command, tmp_path
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/shard-000.tar"
     argv = [arg.replace("SIZES", str(tmp_path / "sizes.json")) for arg in command]
     proc = subprocess.Popen([sys.executable, "-m", "shardstream", *argv, url], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 30
         while not accepted and time.monotonic() < deadline and proc.poll() is None:

@@ -22,6 +22,7 @@ import webdataset
 from PIL import Image
 
 import shardstream as wds
+from children import interruptible
 from motoserver import moto_endpoint, s3_admin, s3_env  # noqa: F401 - fixtures
 from shardstream._prep._indexes import read_dali_index
 
@@ -273,7 +274,8 @@ def test_ctrl_c_stops_a_run_with_workers_at_once_and_leaves_no_temp_files(server
         manifest = _manifest(tmp_path / "urls.csv", rows)
         proc = subprocess.Popen([sys.executable, "-m", "shardstream", "create", str(manifest), str(tmp_path / "out"),
                                  "--maxcount", "4", "--workers", "2", "--threads", "1", "-q"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=interruptible)
         try:
             deadline = time.monotonic() + 60
             out = tmp_path / "out"
