@@ -20,8 +20,9 @@ The mark must never hold back bytes the reader needs:
   slows down or stalls sends less than the mark: either way a timer drops the mark to 1 once
   QUIET_S pass without a byte (else the bytes would wait in the kernel, with aiohttp's read
   timeout running). The rate is then sampled afresh.
-- The mark is 1 again before aiohttp gives the connection back to the pool (a later response's
-  headers must wake the loop at once).
+- The mark is 1 again in the call in which aiohttp gives the connection back to the pool (its
+  body's EOF callbacks), before another request can take it: a later response's headers must wake
+  the loop at once.
 
 Linux only (elsewhere the mark's readiness rules differ); without a known length, with a
 Content-Encoding, or without a socket (a test transport) the transfer reads as before. aiohttp
