@@ -40,7 +40,7 @@ from typing import Any, Dict, Optional
 __all__ = ["LowWater", "WINDOW_S", "QUIET_S"]
 
 WINDOW_S = 0.01  # the bytes a wake-up may wait for: this long at the transfer's rate
-QUIET_S = 0.05  # a transfer without a byte this long reads byte by byte again
+QUIET_S = 0.05  # a transfer without a byte this long has its mark dropped to 1
 SAMPLE_S = WINDOW_S / 2  # the shortest span a rate is measured over
 MIN_MARK = 16 << 10  # a smaller batch saves too little to pay for its system calls
 TLS_SLACK = (16 << 10) + 512  # a TLS record (plaintext and overhead) read but not yet fed
@@ -56,7 +56,7 @@ class LowWater:
     long after it). A new transfer starts from the last rate seen from its origin.
 
     While the mark is above 1 a timer on the loop looks every QUIET_S whether bytes came (the
-    watchdog): one timer per marked transfer, none for a transfer read byte by byte, and no state
+    watchdog): one timer per marked transfer, none for a transfer whose mark is 1, and no task
     shared between event loops."""
 
     __slots__ = ("sock", "length", "content", "slack", "cap", "origin", "loop", "mark", "rate", "at", "at_fed",
