@@ -1,6 +1,6 @@
 """The receive low-water mark (`_fetch/lowat.py`) against a real HTTP server: a wake-up carries a
 batch of a fast transfer's bytes, and the mark never holds back bytes a reader needs (a server
-that stalls mid-body, a reader that stops pulling near a body's end)."""
+that stalls mid-body, a reader that stops pulling near a body's end, a body's end over TLS)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ SIZES = {"big.bin": 2 * MIB + 3, **{f"tail{i}.bin": size for i, size in enumerat
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     return write_files(tmp_path_factory.mktemp("served"), SIZES, seed=1)
-
 
 
 def _chunk_sizes(url, options):
