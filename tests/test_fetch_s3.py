@@ -223,6 +223,18 @@ def test_stall_timeout(s3_env, monkeypatch):
     assert isinstance(info.value, TimeoutError) and "s3://b/k.tar" in str(info.value)
 
 
+def test_a_stall_is_reported_before_its_timeout(s3_env, monkeypatch, caplog):
+    """As over HTTP: a WARNING naming the URL after a third of the stall timeout, before it ends."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        with caplog.at_level("WARNING", logger="shardstream"), pytest.raises(FetchTimeout):
+            run(lambda: collect("s3://b/k.tar", Options(stall_timeout=1.5, retries=0)))
+    said = [r.getMessage() for r in caplog.records if "no bytes from" in r.getMessage()]
+    assert len(said) == 1 and "s3://b/k.tar" in said[0], [r.getMessage() for r in caplog.records]
+
+
 def _client_error(code: str, status: int) -> ClientError:
     reply = {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}
     return ClientError(reply, "GetObject")

@@ -81,11 +81,14 @@ class watch:
     def __enter__(self) -> Silence:
         global _watchdog
         _watched[id(self.silence)] = self.silence
+        loop = asyncio.get_running_loop()
+        if _watchdog is not None and _watchdog.get_loop() is not loop:
+            _watchdog = None  # another loop's (maybe closed: asyncio.run per call); this loop gets its own
         if _watchdog is not None and not _watchdog.done() and _tick(self.silence) < _sleeping:
             _watchdog.cancel()  # (asleep for longer than this transfer may be silent: start over)
             _watchdog = None
         if _watchdog is None or _watchdog.done():
-            _watchdog = asyncio.get_running_loop().create_task(_watch())
+            _watchdog = loop.create_task(_watch())
         return self.silence
 
     def __exit__(self, *exc: object) -> None:

@@ -41,7 +41,7 @@ from botocore.exceptions import (
 from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError, safe_cause
 from .options import FetchOptions, note_fetch, note_size
-from .retries import backoff_delay, log_retry
+from .retries import Silence, backoff_delay, log_retry, watch
 from .lowat import LowWater
 from .s3client import lease_client
 from .s3client import preload as warm  # (the registry's warming thread runs it after importing us)
@@ -110,10 +110,11 @@ def _translate(exc: BaseException, *, url: str, offset: Optional[int]) -> Option
 
 
 async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: Any,
-                    offset: Callable[[], Optional[int]] = lambda: None) -> Any:
+                    offset: Callable[[], Optional[int]] = lambda: None, silence: Optional[Silence] = None) -> Any:
     """Await `call()`, retrying transient failures with capped exponential backoff, full jitter.
 
-    `options.retries` bounds the failures in a row; progress (a moved `offset`) refills it.
+    `options.retries` bounds the failures in a row; progress (a moved `offset`) refills it. A
+    back-off is no silence of the server's (`silence`, a transfer's, rests meanwhile).
     """
     failures = 0
     reached = offset()
@@ -134,6 +135,8 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
             note_fetch(retries=1)
             delay = backoff_delay(options, failures)
             log_retry(failures, options, url, offset(), delay, str(error))
+            if silence is not None:
+                silence.rest(delay)
             await asyncio.sleep(delay)
 
 
@@ -166,6 +169,7 @@ class _ObjectReader:
         self._parts: List[bytes] = []  # received, not yet handed out (kept across a resume)
         self._have = 0
         self._lowat: Optional[LowWater] = None
+        self.silence: Optional[Silence] = None  # the transfer's, for the stall watchdog
 
     async def _open(self) -> None:
         request: Dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
@@ -222,6 +226,8 @@ class _ObjectReader:
                     await self._open()
                     continue
                 data = await self._body.read(self._chunk_size - self._have)
+                if self.silence is not None:
+                    self.silence.beat()
                 if self._lowat is not None:
                     self._lowat.update()
                 if not data:
@@ -271,14 +277,19 @@ async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> Async
     lease = await _retrying(lambda: lease_client(options), url=url, options=options, offset=lambda: start)
     try:
         reader = _ObjectReader(lease.client, url, start, max(1, options.chunk_size))
-        try:
-            while True:
-                chunk = await _retrying(reader.read, url=url, options=options, offset=lambda: reader.received)
-                if not chunk:
-                    return
-                yield chunk
-        finally:
-            reader.close()
+        with watch(url, options) as silence:  # a silent transfer is reported before it times out
+            reader.silence = silence
+            try:
+                while True:
+                    chunk = await _retrying(reader.read, url=url, options=options, offset=lambda: reader.received,
+                                            silence=silence)
+                    if not chunk:
+                        return
+                    silence.hold()  # (while the consumer has it)
+                    yield chunk
+                    silence.beat()
+            finally:
+                reader.close()
     finally:
         lease.release()
 
