@@ -62,8 +62,6 @@ class Silence:
         self.warned = False
 
 
-_watched: Dict[int, Silence] = {}
-_watchdog: Optional["asyncio.Task[None]"] = None
 TICK = 1.0
 
 
@@ -72,55 +70,71 @@ def warn_after(stall_timeout: float) -> float:
     return min(10.0, stall_timeout / 3)
 
 
-class watch:
-    """`with watch(url, options) as silence:` registers a transfer with the watchdog (loop side)."""
-
-    def __init__(self, url: str, options: Any) -> None:
-        self.silence = Silence(url, options.stall_timeout)
-
-    def __enter__(self) -> Silence:
-        global _watchdog
-        _watched[id(self.silence)] = self.silence
-        loop = asyncio.get_running_loop()
-        if _watchdog is not None and _watchdog.get_loop() is not loop:
-            _watchdog = None  # another loop's (maybe closed: asyncio.run per call); this loop gets its own
-        if _watchdog is not None and not _watchdog.done() and _tick(self.silence) < _sleeping:
-            _watchdog.cancel()  # (asleep for longer than this transfer may be silent: start over)
-            _watchdog = None
-        if _watchdog is None or _watchdog.done():
-            _watchdog = loop.create_task(_watch())
-        return self.silence
-
-    def __exit__(self, *exc: object) -> None:
-        _watched.pop(id(self.silence), None)
-
-
 def _tick(silence: Silence) -> float:
     """How often to look at a transfer: a quarter of its warning time (at most TICK)."""
     return max(0.05, min(TICK, warn_after(silence.stall_timeout) / 4))
 
 
-_sleeping = TICK  # how long the watchdog sleeps between looks now
+class _Watchdog:
+    """One event loop's watched transfers and the task that looks at them. Each loop has its own:
+    streams run on the shared loop and on loops of their own (`asyncio.run` per call), and a task
+    must neither outlive its loop in our state nor look at another loop's transfers."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.silences: Dict[int, Silence] = {}
+        self.task: Optional["asyncio.Task[None]"] = None
+        self.sleeping = TICK  # how long the task sleeps between looks now
+
+    def add(self, silence: Silence) -> None:
+        self.silences[id(silence)] = silence
+        if self.task is not None and not self.task.done() and _tick(silence) < self.sleeping:
+            self.task.cancel()  # (asleep for longer than this transfer may be silent: start over)
+            self.task = None
+        if self.task is None or self.task.done():
+            self.task = self.loop.create_task(_watch(self))
+
+
+_dogs: Dict[asyncio.AbstractEventLoop, _Watchdog] = {}
+
+
+class watch:
+    """`with watch(url, options) as silence:` registers a transfer with its loop's watchdog."""
+
+    def __init__(self, url: str, options: Any) -> None:
+        self.silence = Silence(url, options.stall_timeout)
+        self.dog: Optional[_Watchdog] = None
+
+    def __enter__(self) -> Silence:
+        loop = asyncio.get_running_loop()
+        for closed in [other for other in _dogs if other.is_closed()]:
+            del _dogs[closed]
+        self.dog = _dogs.get(loop)
+        if self.dog is None:
+            self.dog = _dogs[loop] = _Watchdog(loop)
+        self.dog.add(self.silence)
+        return self.silence
+
+    def __exit__(self, *exc: object) -> None:
+        if self.dog is not None:
+            self.dog.silences.pop(id(self.silence), None)
 
 
 def _forget_after_fork() -> None:
-    """A forked child has a loop of its own: the parent's watchdog task and transfers are not its."""
-    global _watchdog
-    _watchdog = None
-    _watched.clear()
+    """A forked child has a loop of its own: the parent's watchdogs and transfers are not its."""
+    _dogs.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-async def _watch() -> None:
-    global _sleeping
-    while _watched:
-        _sleeping = min(_tick(silence) for silence in _watched.values())
-        await asyncio.sleep(_sleeping)
+async def _watch(dog: _Watchdog) -> None:
+    while dog.silences:
+        dog.sleeping = min(_tick(silence) for silence in dog.silences.values())
+        await asyncio.sleep(dog.sleeping)
         now = time.monotonic()
-        for silence in list(_watched.values()):
+        for silence in list(dog.silences.values()):
             quiet = now - silence.last
             if not silence.warned and quiet >= warn_after(silence.stall_timeout):
                 silence.warned = True
