@@ -84,12 +84,13 @@ def _read_client_data(data_path: Optional[str]) -> Any:
     with _loading:
         loader = _loaders.get(data_path)
         if loader is None:
-            loader = _loaders[data_path] = create_loader(data_path)
-        try:
-            for method, args, keywords in _CLIENT_DATA:
-                getattr(loader, method)(*args, **keywords)
-        except Exception as exc:  # noqa: BLE001
-            logger.debug("reading botocore's S3 data ahead failed: %r", exc)
+            loader = create_loader(data_path)
+            try:
+                for method, args, keywords in _CLIENT_DATA:
+                    getattr(loader, method)(*args, **keywords)
+            except Exception as exc:  # noqa: BLE001
+                logger.debug("reading botocore's S3 data ahead failed: %r", exc)
+            _loaders[data_path] = loader  # (published once read: a reader of `_loaders` needs no lock)
     return loader
 
 
@@ -226,9 +227,10 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
     """
     try:
         session = get_session()
-        # (read off the loop's thread when the warming thread has not: ~0.1 s of JSON)
-        loader = await asyncio.get_running_loop().run_in_executor(
-            None, _read_client_data, session.get_config_variable("data_path"))
+        data_path = session.get_config_variable("data_path")
+        loader = _loaders.get(data_path)
+        if loader is None:  # (read off the loop's thread when the warming thread has not: ~0.1 s of JSON)
+            loader = await asyncio.get_running_loop().run_in_executor(None, _read_client_data, data_path)
         session.register_component("data_loader", loader)
         # Resolving credentials here (not on the first request) lets public buckets work unsigned.
         anonymous = await session.get_credentials() is None
