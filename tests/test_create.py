@@ -296,6 +296,27 @@ def test_ctrl_c_stops_a_run_with_workers_at_once_and_leaves_no_temp_files(server
         server.options.latency_ms = 0
 
 
+def test_a_second_sigterm_does_not_cut_a_workers_cleanup_short(tmp_path):
+    """A pool worker's first SIGTERM unwinds the shard being written. ProcessPoolExecutor sends
+    every live worker one more when another exits: it must not interrupt that cleanup (it did,
+    inside a tar stream's finaliser, once in a full run of the Ctrl-C test above)."""
+    marker = tmp_path / "cleaned"
+    code = f"""
+import os, signal, time
+from shardstream._prep._engines import _worker_signals
+_worker_signals()
+try:
+    os.kill(os.getpid(), signal.SIGTERM)  # the parent stops the shard being written
+    time.sleep(10)
+finally:
+    os.kill(os.getpid(), signal.SIGTERM)  # the executor's second one, during the cleanup
+    time.sleep(0.1)
+    open({str(marker)!r}, "w").close()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and marker.exists() and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_csv_jsonl_and_parquet_manifests_give_the_same_shards(folder, tmp_path):
     records = [{"path": f"images/{c}/img{i}.jpg", "caption": f"{c} {i}", "label": n, "extra": f"e{i}"}
                for n, c in enumerate(CLASSES) for i in range(3)]

@@ -53,6 +53,11 @@ def _worker_signals() -> None:
 
 
 def _terminated(signum: int, frame: Any) -> None:
+    """The first SIGTERM unwinds the shard being written; later ones are ignored, so that they
+    cannot cut that cleanup short. (ProcessPoolExecutor sends one more to every live worker when
+    another one exits: raised inside the cleanup, in a tar stream's finaliser, it was printed as
+    "Exception ignored" with a traceback, and could leave the temp file behind.)"""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
