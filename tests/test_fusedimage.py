@@ -69,13 +69,33 @@ def small():  # ImageNet-like: too small for any DCT scaling towards 224
     return jpeg(photo(500, 375, seed=1))
 
 
-@pytest.fixture(scope="module")
-def torchvision_small(small, tmp_path_factory):
-    """webdataset's PIL decode of `small`, through torchvision's eval transform."""
+PADDED = [(375, 500, (200, 320)), (500, 375, (320, 200))]  # (width, height, crop): crops wider or taller
+
+
+def padded(width: int, height: int) -> bytes:
+    return jpeg(photo(width, height, seed=4))
+
+
+def webdataset_rgb(data: bytes) -> np.ndarray:
     import webdataset
 
-    pixels = np.asarray(webdataset.imagehandler("pil")(".jpg", small).convert("RGB"))
-    return torchvision_eval(pixels, tmp_path_factory.mktemp("torchvision"))
+    return np.asarray(webdataset.imagehandler("pil")(".jpg", data).convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def torchvision_results(small, tmp_path_factory):
+    """webdataset's PIL decode of every image the tests compare against torchvision, through
+    torchvision's eval transform: all in one run of the torchvision venv (each run imports its
+    torch, ~5 s here)."""
+    jobs = {"small": (webdataset_rgb(small), 256, 224)}
+    for width, height, size in PADDED:
+        jobs[(width, height, size)] = (webdataset_rgb(padded(width, height)), round(min(size) / 0.875), list(size))
+    return dict(zip(jobs, torchvision_eval(list(jobs.values()), tmp_path_factory.mktemp("torchvision"))))
+
+
+@pytest.fixture(scope="module")
+def torchvision_small(torchvision_results):
+    return torchvision_results["small"]
 
 
 @pytest.fixture(scope="module")
@@ -92,25 +112,27 @@ import json, sys
 import numpy as np
 import PIL.Image
 from torchvision import transforms
-image = PIL.Image.fromarray(np.load(sys.argv[1]))
-resize, crop = json.loads(sys.argv[3])
-np.save(sys.argv[2], np.asarray(transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop)])(image)))
+for source, result, resize, crop in json.loads(sys.argv[1]):
+    image = PIL.Image.fromarray(np.load(source))
+    np.save(result, np.asarray(transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop)])(image)))
 """
 
 
-def torchvision_eval(pixels: np.ndarray, tmp_path, resize: int = 256, crop=224) -> np.ndarray:
-    """torchvision's own eval transform (Resize(256), CenterCrop(224) unless told) of the RGB
-    `pixels`, run in the venv that has torchvision (`make test` builds it for OpenCLIP;
-    torchvision does not load beside this venv's CPU torch)."""
+def torchvision_eval(jobs, tmp_path) -> list:
+    """torchvision's own eval transform, Resize(resize) then CenterCrop(crop), of the RGB pixels
+    of each (pixels, resize, crop) in `jobs`, run in the venv that has torchvision (`make test`
+    builds it for OpenCLIP; torchvision does not load beside this venv's CPU torch)."""
     if not os.path.exists(CLIP_PYTHON):
         if os.environ.get("OPENCLIP_PYTHON"):
             pytest.fail(f"OPENCLIP_PYTHON={CLIP_PYTHON} does not exist")
         pytest.skip(f"no torchvision venv at {CLIP_PYTHON}: `make test` builds it (or set OPENCLIP_PYTHON)")
-    source, result = str(tmp_path / "in.npy"), str(tmp_path / "out.npy")
-    np.save(source, pixels)
-    subprocess.run([CLIP_PYTHON, "-c", TORCHVISION_EVAL, source, result, json.dumps([resize, crop])], check=True,
-                   timeout=120)
-    return np.load(result)
+    args = []
+    for i, (pixels, resize, crop) in enumerate(jobs):
+        source, result = str(tmp_path / f"in{i}.npy"), str(tmp_path / f"out{i}.npy")
+        np.save(source, pixels)
+        args.append([source, result, resize, crop])
+    subprocess.run([CLIP_PYTHON, "-c", TORCHVISION_EVAL, json.dumps(args)], check=True, timeout=120)
+    return [np.load(result) for _, result, _, _ in args]
 
 
 def plain(data: bytes, box, out, spec: str = "pil") -> np.ndarray:
@@ -151,15 +173,13 @@ def test_center_crop_is_resize_then_center_crop(small, backend, resizer, torchvi
     assert np.abs(ours.astype(np.int16) - theirs).max() <= 1
 
 
-@pytest.mark.parametrize("width, height, size", [(375, 500, (200, 320)), (500, 375, (320, 200))])
-def test_a_center_crop_larger_than_the_resized_image_is_padded_as_torchvision_pads(width, height, size, tmp_path):
+@pytest.mark.parametrize("width, height, size", PADDED)
+def test_a_center_crop_larger_than_the_resized_image_is_padded_as_torchvision_pads(width, height, size,
+                                                                                   torchvision_results):
     """A non-square crop wider (or taller) than the resized image: torchvision's CenterCrop pads
     it with zeros, (crop - size) // 2 before; the fused path used to stretch the image instead."""
-    import webdataset
-
-    data = jpeg(photo(width, height, seed=4))
-    pixels = np.asarray(webdataset.imagehandler("pil")(".jpg", data).convert("RGB"))
-    theirs = torchvision_eval(pixels, tmp_path, resize=round(min(size) / 0.875), crop=list(size))
+    data = padded(width, height)
+    theirs = torchvision_results[(width, height, size)]
     band = ~theirs.any(axis=2)  # the padding: zero in every channel
     band &= band.all(axis=0, keepdims=True) | band.all(axis=1, keepdims=True)  # whole columns or rows
     assert theirs.shape == (*size, 3) and 40 * min(size) < band.sum() < theirs.size // 3
