@@ -296,25 +296,35 @@ def test_ctrl_c_stops_a_run_with_workers_at_once_and_leaves_no_temp_files(server
         server.options.latency_ms = 0
 
 
-def test_a_second_sigterm_does_not_cut_a_workers_cleanup_short(tmp_path):
-    """A pool worker's first SIGTERM unwinds the shard being written. ProcessPoolExecutor sends
-    every live worker one more when another exits: it must not interrupt that cleanup (it did,
-    inside a tar stream's finaliser, once in a full run of the Ctrl-C test above)."""
+def test_a_sigterm_ends_a_workers_shard_then_the_worker_and_a_second_one_waits_for_that(tmp_path):
+    """A pool worker's SIGTERM unwinds the shard being written (its cleanup runs), then ends the
+    worker: the pool's worker loop would otherwise catch the SystemExit and take its next task.
+    ProcessPoolExecutor sends every live worker one more SIGTERM when another exits: it must not
+    cut the cleanup short (it did, inside a tar stream's finaliser, once in a full run of the
+    Ctrl-C test above, which printed a traceback)."""
     marker = tmp_path / "cleaned"
     code = f"""
 import os, signal, time
-from shardstream._prep._engines import _worker_signals
-_worker_signals()
+from shardstream._prep import _engines
+def write_shard(task, ctx):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the parent stops the shard being written
+        time.sleep(10)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # the executor's second one, during the cleanup
+        time.sleep(0.1)
+        open({str(marker)!r}, "w").close()
+_engines.write_shard = write_shard
+_engines._worker_signals()
 try:
-    os.kill(os.getpid(), signal.SIGTERM)  # the parent stops the shard being written
-    time.sleep(10)
-finally:
-    os.kill(os.getpid(), signal.SIGTERM)  # the executor's second one, during the cleanup
-    time.sleep(0.1)
-    open({str(marker)!r}, "w").close()
+    _engines._write_in_worker(None, None)
+except BaseException as exn:
+    print("caught", repr(exn))  # (what the pool's worker loop does)
+print("next task")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 128 + signal.SIGTERM and marker.exists() and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 128 + signal.SIGTERM and marker.exists(), (proc.stdout, proc.stderr)
+    assert proc.stdout == "" and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
 
 
 def test_csv_jsonl_and_parquet_manifests_give_the_same_shards(folder, tmp_path):

@@ -33,7 +33,7 @@ def run_local(tasks: Sequence[ShardTask], ctx: WriteContext, workers: int, on_re
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context(method),
                              initializer=_worker_signals) as pool:
-        futures = [pool.submit(write_shard, task, ctx) for task in tasks]
+        futures = [pool.submit(_write_in_worker, task, ctx) for task in tasks]
         try:
             for future in as_completed(futures):
                 on_result(future.result())
@@ -47,9 +47,13 @@ def run_local(tasks: Sequence[ShardTask], ctx: WriteContext, workers: int, on_re
 
 def _worker_signals() -> None:
     """In a pool worker: Ctrl-C (sent to the whole process group) is the parent's to handle; the
-    parent's SIGTERM ends the shard being written as an exception does (its temp file removed)."""
+    parent's SIGTERM ends the shard being written as an exception does (its temp file removed),
+    then the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminated)
+
+
+_terminating: Optional[int] = None  # the exit status a SIGTERM asked for, once one came
 
 
 def _terminated(signum: int, frame: Any) -> None:
@@ -57,8 +61,22 @@ def _terminated(signum: int, frame: Any) -> None:
     cannot cut that cleanup short. (ProcessPoolExecutor sends one more to every live worker when
     another one exits: raised inside the cleanup, in a tar stream's finaliser, it was printed as
     "Exception ignored" with a traceback, and could leave the temp file behind.)"""
+    global _terminating
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
+    _terminating = 128 + signum
+    raise SystemExit(_terminating)
+
+
+def _write_in_worker(task: ShardTask, ctx: WriteContext) -> ShardResult:
+    """`write_shard` in a pool worker. Once a SIGTERM has unwound it, the worker exits: the pool's
+    worker loop would catch the SystemExit, hand it back as the task's result and take the next
+    task, which no later SIGTERM could stop."""
+    try:
+        return write_shard(task, ctx)
+    except SystemExit:
+        if _terminating is not None:
+            os._exit(_terminating)  # (the shard's cleanup has run: nothing else is left to do)
+        raise
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
