@@ -107,10 +107,10 @@ class watch:
 
     def __enter__(self) -> Silence:
         loop = asyncio.get_running_loop()
-        for closed in [other for other in _dogs if other.is_closed()]:
-            del _dogs[closed]
         self.dog = _dogs.get(loop)
-        if self.dog is None:
+        if self.dog is None:  # (a new loop: forget the ones closed since, each transfer need not look)
+            for closed in [other for other in _dogs if other.is_closed()]:
+                del _dogs[closed]
             self.dog = _dogs[loop] = _Watchdog(loop)
         self.dog.add(self.silence)
         return self.silence

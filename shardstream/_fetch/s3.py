@@ -156,7 +156,7 @@ class _ObjectReader:
     """Reads one object from an offset in chunks; after a failure, the next read reopens it with
     a Range GET from the last byte received and IfMatch on the first response's ETag."""
 
-    def __init__(self, client: Any, url: str, start: int, chunk_size: int) -> None:
+    def __init__(self, client: Any, url: str, start: int, chunk_size: int, silence: Silence) -> None:
         self._client = client
         self._url = url
         self._bucket, self._key = _split(url)
@@ -169,7 +169,7 @@ class _ObjectReader:
         self._parts: List[bytes] = []  # received, not yet handed out (kept across a resume)
         self._have = 0
         self._lowat: Optional[LowWater] = None
-        self.silence: Optional[Silence] = None  # the transfer's, for the stall watchdog
+        self._silence = silence  # the transfer's, for the stall watchdog: beaten by every body read
 
     async def _open(self) -> None:
         request: Dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
@@ -226,8 +226,7 @@ class _ObjectReader:
                     await self._open()
                     continue
                 data = await self._body.read(self._chunk_size - self._have)
-                if self.silence is not None:
-                    self.silence.beat()
+                self._silence.beat()
                 if self._lowat is not None:
                     self._lowat.update()
                 if not data:
@@ -276,9 +275,8 @@ async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> Async
         raise UsageError(f"negative start {start}", url=url)
     lease = await _retrying(lambda: lease_client(options), url=url, options=options, offset=lambda: start)
     try:
-        reader = _ObjectReader(lease.client, url, start, max(1, options.chunk_size))
         with watch(url, options) as silence:  # a silent transfer is reported before it times out
-            reader.silence = silence
+            reader = _ObjectReader(lease.client, url, start, max(1, options.chunk_size), silence)
             try:
                 while True:
                     chunk = await _retrying(reader.read, url=url, options=options, offset=lambda: reader.received,
