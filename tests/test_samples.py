@@ -4,9 +4,13 @@ mapped and chunked sources, and the TarReader start offset."""
 from __future__ import annotations
 
 import gzip
+import io
 import shutil
+import tarfile
+import warnings
 
 import pytest
+from shardsets import write_tar
 
 import shardstream as wds
 from shardstream._shard.index import scan_shard, write_index
@@ -76,3 +80,72 @@ def test_reader_start_offset_reports_archive_offsets(shard):
     data = open(shard, "rb").read()[start:]
     got = reader.feed(data) + reader.close()
     assert [(m.name, m.offset) for m in got] == [(m.name, m.offset) for m in members[8:]]
+
+
+# --- a shard cut short: every sample before the member it is cut in comes out ------------------
+
+
+def _cut_cases(raw: bytes):
+    """(cut, the keys of the samples that a reader must hand out) for cuts in and around each
+    member header of `raw`: a sample is whole once the header of a member of another sample is
+    read (webdataset hands it out too); a cut inside a header leaves the sample before it open."""
+    infos = list(tarfile.open(fileobj=io.BytesIO(raw)))
+    keys = [info.name.split(".")[0] for info in infos]
+    cases = []
+    for i, info in enumerate(infos[1:], 1):
+        before = list(dict.fromkeys(keys[:i]))  # the samples of the members before this one, in order
+        whole = before if keys[i] != keys[i - 1] else before[:-1]
+        cases.append((info.offset + 100, before[:-1]))  # inside the header: unknown what follows
+        cases.append((info.offset + 512, whole))  # the header read, none of its data
+        cases.append((info.offset_data + info.size // 2, whole))  # inside its data
+    return cases
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("handler", ["reraise_exception", "warn_and_continue"])
+def test_a_cut_shard_hands_out_every_sample_before_the_member_it_is_cut_in(tmp_path, gz, handler):
+    members = [(f"s{i:02d}.{ext}", bytes([i]) * (300 + 700 * j)) for i in range(4) for j, ext in enumerate(("a", "b"))]
+    raw = open(write_tar(str(tmp_path / "whole.tar"), members), "rb").read()
+    path = tmp_path / ("cut.tar.gz" if gz else "cut.tar")
+    for cut, expected in _cut_cases(raw):
+        path.write_bytes(gzip.compress(raw[:cut], mtime=0) if gz else raw[:cut])
+        got = []
+        ds = wds.WebDataset(str(path), shardshuffle=False, handler=getattr(wds, handler), empty_check=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                for sample in ds:
+                    got.append(sample)
+            except wds.FormatError as exn:
+                assert handler == "reraise_exception" and exn.url == str(path) and exn.offset is not None
+            else:
+                assert handler == "warn_and_continue", cut
+        assert _keys(got) == expected, cut
+        for sample in got:  # and each is whole
+            assert sample["a"] == bytes([int(sample["__key__"][1:])]) * 300 and len(sample["b"]) == 1000
+
+
+def test_a_transfer_that_breaks_inside_a_member_of_the_next_sample_hands_out_the_one_before(tmp_path):
+    """A fetch error (retries spent) inside the data of a new sample's first member: the sample
+    before it is whole, comes out, and the cursor says the next one starts at that header."""
+    from shardstream._shard.members import chunk_member_batches
+    from shardstream._shard.samples import ShardCursor, shard_samples
+
+    members = [(f"s{i:02d}.{ext}", bytes([i]) * 3000) for i in range(3) for ext in ("a", "b")]
+    raw = open(write_tar(str(tmp_path / "s.tar"), members), "rb").read()
+    info = [m for m in tarfile.open(fileobj=io.BytesIO(raw)) if m.name == "s02.a"][0]
+
+    def chunks():
+        yield raw[: info.offset_data + 1000]
+        raise wds.NetworkError("connection reset", url="http://host/s.tar")
+
+    cursor = ShardCursor()
+    cursor.start(0)
+    got = []
+    with pytest.raises(wds.NetworkError) as caught:
+        for sample in shard_samples(chunk_member_batches(chunks(), "http://host/s.tar", info=cursor.info), "http://host/s.tar",
+                                    cursor=cursor):
+            got.append(sample)
+    assert _keys(got) == ["s00", "s01"] and got[1]["b"] == bytes([1]) * 3000
+    assert caught.value.member == "s02.a" and caught.value.pending == ("s02.a", info.offset)
+    assert cursor.position == (0, 2, info.offset)

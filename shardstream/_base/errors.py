@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, Optional, Sequence, TypeVar
+from typing import Any, Dict, Optional, Sequence, Tuple, TypeVar
 
 from .redact import redact, redact_url, url_secrets
 
@@ -43,7 +43,12 @@ class ShardStreamError(Exception):
         url: the shard URL, already redacted, or None.
         member: the tar member name, or None.
         offset: the byte offset in the (uncompressed) shard stream, or None.
+        pending: (name, header offset) of the member whose header was read and whose data had
+            not all come when the shard broke, or None (set by the member readers: a sample
+            the member does not belong to was complete, and is handed out before the error).
     """
+
+    pending: Optional[Tuple[str, int]] = None
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
-from .._base.errors import FetchError, ShardNotFound, redact_url
+from .._base.errors import FetchError, ShardNotFound, ShardStreamError, redact_url
 from .._tar.codecs import MAGIC_BYTES, sniff
 from .._base.malloc import tune_malloc
 from .._base.counters import Counters
@@ -85,7 +85,11 @@ def chunk_member_batches(
         yield _closed(reader, url)
         reader.close()  # (raises an error kept back behind the last member)
     except FetchError as exn:  # the transfer broke: say inside which member, as format errors do
+        exn.pending = exn.pending or reader.pending_header
         raise exn.with_location(member=reader.pending_member)
+    except ShardStreamError as exn:
+        exn.pending = exn.pending or reader.pending_header
+        raise
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
@@ -124,6 +128,7 @@ def mapped_member_batches(
             raise FetchError(f"cannot open shard: {exn}", url=url) from exn
     assert fd is not None
     mapped = view = None
+    reader: Optional[TarReader] = None
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
@@ -169,6 +174,9 @@ def mapped_member_batches(
         rest = view[pos:stop].tobytes() if pos < stop else b""
         yield reader.feed(rest) + _closed(reader, url)
         reader.close()  # (raises an error kept back behind the last member)
+    except ShardStreamError as exn:
+        exn.pending = exn.pending or (reader.pending_header if reader is not None else None)
+        raise
     finally:
         if view is not None:
             view.release()

@@ -67,25 +67,31 @@ def shard_samples(
         return
     current: Optional[Dict[str, Any]] = None
     current_key: Optional[str] = None
-    for members in batches:
+    batches = iter(batches)
+    while True:
+        try:
+            members = next(batches)
+        except StopIteration:
+            break
+        except ShardStreamError as exn:
+            # The shard broke inside a member whose header names another sample: the sample
+            # being assembled is whole (webdataset hands it out too), the new one is dropped.
+            if current is not None and exn.pending is not None and not skip and (limit is None or limit > 0):
+                try:
+                    field = _field(exn.pending[0], rename_files, select_files)
+                except Exception:  # (the member's own error: not ours to report over the shard's)
+                    field = None
+                if field is not None and field[0] != current_key:
+                    if cursor is not None:
+                        cursor.advance(exn.pending[1], limit == 1)
+                    yield current
+            raise
         for name, data, offset in members:
             try:
-                if name.startswith("__") and is_meta(name):
+                field = _field(name, rename_files, select_files)
+                if field is None:
                     continue
-                if rename_files is not None:
-                    name = rename_files(name)
-                if select_files is not None and not select_files(name):
-                    continue
-                slash = name.rfind("/")
-                dot = name.find(".", slash + 1)
-                if dot > slash + 1 and "\n" not in name:
-                    key = name[:dot]
-                    ext = name[dot + 1 :].lower()
-                else:
-                    base, extension = base_plus_ext(name)
-                    if base is None or extension is None:
-                        continue
-                    key, ext = base, extension.lower()
+                key, ext = field
                 if key != current_key:
                     if current is not None:
                         if skip:
@@ -121,6 +127,27 @@ def shard_samples(
         if cursor is not None:
             cursor.advance(None, True)
         yield current
+
+
+def _field(
+    name: str, rename_files: Optional[Callable[[str], str]], select_files: Optional[Callable[[str], bool]],
+) -> Optional[Tuple[str, str]]:
+    """(key, extension) of the member `name` as a sample field, or None when it is none (metadata,
+    not selected, no extension). rename_files may raise."""
+    if name.startswith("__") and is_meta(name):
+        return None
+    if rename_files is not None:
+        name = rename_files(name)
+    if select_files is not None and not select_files(name):
+        return None
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot > slash + 1 and "\n" not in name:
+        return name[:dot], name[dot + 1 :].lower()
+    base, extension = base_plus_ext(name)
+    if base is None or extension is None:
+        return None
+    return base, extension.lower()
 
 
 class ShardCursor:

@@ -129,6 +129,7 @@ class TarReader:
         self._need = BLOCK  # bytes from _pos needed before parsing can make progress
         self._need_data = BLOCK  # of those, the bytes up to the end of a regular member's data (the rest: padding)
         self._stalled: Optional[tuple] = None  # (member, offset) of the header waiting for data
+        self._pending: Optional[Tuple[str, int]] = None  # the same, for a regular member (see pending_header)
         self._ext: Optional[_Extension] = None
         self._dangling: Optional[int] = None  # offset of extension headers no member followed yet
         self._global: dict = {}  # PAX global header records
@@ -159,6 +160,14 @@ class TarReader:
         """The member whose header is read and whose data has not all come yet (None between
         members): where a stream that breaks now broke."""
         return self._stalled[0] if self._stalled else None
+
+    @property
+    def pending_header(self) -> Optional[Tuple[str, int]]:
+        """(name, header offset) of the regular member whose header is read and whose data has
+        not all come, also when it never will (the shard is cut there); None between members.
+        When the shard breaks now, every member before it is whole: so is a sample it does not
+        belong to."""
+        return self._pending
 
     @property
     def finished(self) -> bool:
@@ -384,7 +393,7 @@ class TarReader:
                 plain = self._ext is None and not self._global_applies
             else:
                 self._need = self._need_data = BLOCK
-                self._stalled = None
+                self._stalled = self._pending = None
         except FormatError:
             if not out:
                 raise
@@ -393,7 +402,7 @@ class TarReader:
             self._pos = pos
         if self._finished:
             self._buf, self._pos, self._base = b"", 0, base + pos  # keep offset, free the buffer
-            self._stalled = None
+            self._stalled = self._pending = None
         return out
 
     def _step(self, buf: bytes, pos: int, out: List[TarMember]) -> int:
@@ -402,6 +411,7 @@ class TarReader:
         Every header kind and state change is handled here. Returns `pos` itself when the payload
         is not all in `buf` yet (then `_need` and `_stalled` say what is missing).
         """
+        self._pending = None
         hdr = buf[pos : pos + BLOCK]
         offset = self._base + pos
         if not header_checksum_ok(hdr):
@@ -489,7 +499,7 @@ class TarReader:
         if typ not in _DATALESS:  # (extensions returned above)
             stop += (size + 511) & -512
         if stop > len(buf):
-            return self._stall(pos, stop, name, offset, pos + BLOCK + size if regular else stop)
+            return self._stall(pos, stop, name, offset, pos + BLOCK + size if regular else stop, regular)
         if regular:
             out.append(TarMember(name, buf[pos + BLOCK : pos + BLOCK + size] if self._payloads else b"", offset))
         elif self._others is not None and typ in _NOT_FILES:
@@ -515,10 +525,14 @@ class TarReader:
         self._tail_at += whole
         self._tail_partial = data[whole:]
 
-    def _stall(self, pos: int, stop: int, member: str, offset: int, data_end: Optional[int] = None) -> int:
+    def _stall(
+        self, pos: int, stop: int, member: str, offset: int, data_end: Optional[int] = None, regular: bool = False,
+    ) -> int:
         """Wait for the bytes up to `stop`; `data_end`: where a regular member's data ends (before
         its padding: a shard cut inside the padding still hands out the member, see `close`)."""
         data_end = stop if data_end is None else data_end
+        if regular:
+            self._pending = (member, offset)
         if self._size is not None and not self._compressed and self._base + data_end > self._size:
             raise self._fail(
                 f"truncated tar member: it needs {stop - pos} bytes from its header, the shard has "
