@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import operator
 import sys
 import warnings
@@ -26,10 +27,11 @@ from ._resume.states import (
     unseeded_stages,
     worker_view,
 )
-from ._resume.equal_split import SHARD_SPLIT, EqualSplit, check_history
+from ._resume.equal_split import ITEM_SPLIT, SHARD_SPLIT, EqualSplit, check_history, is_shard
 from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
 from ._pipeline.passes import PipelineIterator
 from ._stages.contract import PipelineStage
+from ._shard.samples import TarShardSamples
 from ._stages.resumable import EpochAware, traits
 from ._engine.stats import PipelineStats
 from ._base.lazytorch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
@@ -47,6 +49,11 @@ def add_length_method(obj):
     Combined = type(obj.__class__.__name__ + "_Length", (obj.__class__, IterableDataset), {"__len__": length})
     obj.__class__ = Combined
     return obj
+
+
+def _reads_shards(stage: Any) -> bool:
+    """A stage of ours that turns shards into members or samples (the shard reader)."""
+    return isinstance(stage, TarShardSamples) or getattr(stage, "__module__", None) == "shardstream.tariterators"
 
 
 def _runs_elsewhere(source: Any) -> bool:
@@ -193,8 +200,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         if split is not None:
             if split.mode is None:
                 self.count_samples()  # decides how the splitter splits (no reads at world size 1)
-            if split.mode == SHARD_SPLIT:  # positions count whole shards: say so, for an elastic resume
-                layout["node_split"] = SHARD_SPLIT
+            if split.mode in (SHARD_SPLIT, ITEM_SPLIT):  # positions count whole shards, or items: say so
+                layout["node_split"] = split.mode
         return layout
 
     def _equal_split(self) -> Optional[EqualSplit]:
@@ -208,11 +215,21 @@ class DataPipeline(IterableDataset, PipelineStage):
         if split is None:
             return
         index = self.pipeline.index(split)
+        if any(_reads_shards(stage) for stage in self.pipeline[:index]):  # placed after the shard reader
+            split.mode = ITEM_SPLIT
+            return
         # Copies: stages such as detshuffle count their passes, and this pass is not one.
         items = self.invoke(copy.copy(self.pipeline[0]))
         for stage in self.pipeline[1:index]:
             items = self.invoke(copy.copy(stage), items)
-        split.prepare([item["url"] if isinstance(item, dict) else item for item in items])
+        items = iter(items)
+        first = next(items, None)
+        if first is not None and not is_shard(first):  # after a shard reader of the user's: nothing to count
+            split.mode = ITEM_SPLIT
+            getattr(items, "close", lambda: None)()
+            return
+        split.prepare([item["url"] if isinstance(item, dict) else item for item in itertools.chain([first], items)
+                       if item is not None])
 
     def _elastic(self, history: List[Dict[str, Any]]) -> Dict[str, Any]:
         """The resume state that finishes the saved epoch on this (new) layout."""

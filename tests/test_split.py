@@ -192,6 +192,30 @@ def test_a_pipeline_over_urls_that_are_not_files_is_not_opened_to_split(monkeypa
             assert [item["url"] for item in ours] == [item["url"] for item in theirs]
 
 
+def test_split_by_node_after_the_shard_reader_splits_samples_like_webdataset(monkeypatch, server):
+    """A small validation set spread over ranks sample by sample: the splitter then gets samples,
+    not shards, and splits them one by one as webdataset does. A loader's state (which asks the
+    splitter how it splits) reads no shard to find out."""
+    urls = _urls(server)[:3]
+    for rank in range(3):
+        _layout(monkeypatch, rank, 3)
+        theirs = webdataset.DataPipeline(webdataset.SimpleShardList(urls), webdataset.tarfile_to_samples(),
+                                         webdataset.split_by_node)
+        ours = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.split_by_node)
+        expected = [s["__key__"] for s in theirs]
+        assert len(expected) == len(range(rank, sum(SIZES[:3]), 3))
+        server.stats.reset()
+        loader = wds.WebLoader(ours, batch_size=None, num_workers=0)
+        assert loader.state_dict()["layout"]["node_split"] == "items"
+        assert _shard_requests(server) == {}
+        assert [s["__key__"] for s in loader] == expected
+        # A shard reader of the user's own (OpenCLIP's tarfile_to_samples_nothrow): the splitter
+        # sees the first item is a sample before it counts anything.
+        ours = wds.DataPipeline(wds.SimpleShardList(urls), lambda src: wds.tarfile_samples(src), wds.split_by_node)
+        assert wds.WebLoader(ours, batch_size=None).state_dict()["layout"]["node_split"] == "items"
+        assert [s["__key__"] for s in ours] == expected
+
+
 def test_local_gzip_shards_are_not_inflated_to_count(monkeypatch, tmp_path):
     shards = [write_tar(str(tmp_path / f"z-{n}.tar.gz"), sample_members(n, exts=("cls",)), gz=True) for n in range(4)]
     _layout(monkeypatch, 1, 2)

@@ -18,6 +18,11 @@ pass and identically on every rank, how to split:
 
 Items are yielded as `dict(url, start, stop)`, already cut for this worker.
 
+Placed after the shard reader (`DataPipeline(SimpleShardList(urls), tarfile_to_samples(),
+split_by_node)`: a small validation set spread over ranks sample by sample), it receives
+samples, not shards: it then splits them as webdataset's function does, every world_size-th
+item from this rank's (`mode` ITEM_SPLIT; no elastic resume).
+
 Resume: a loader's saved state holds, per DataLoader worker, the resume position of the last
 item delivered (see `_resume.positions`), and its layout says when the pass was split shard by shard.
 With every rank's state (`history`), `resume_state` turns those into the samples each old rank
@@ -57,10 +62,16 @@ from .._plan.shards import SchedulerConfig, Shard, Slice
 from .._stages.contract import PipelineStage
 from .._tar.reader import TarMember
 
-__all__ = ["EqualSplit", "SHARD_SPLIT", "WORKER_SPLIT", "check_history", "resume_state"]
+__all__ = ["EqualSplit", "ITEM_SPLIT", "SHARD_SPLIT", "WORKER_SPLIT", "check_history", "is_shard", "resume_state"]
+
+
+def is_shard(item: Any) -> bool:
+    """Whether a pipeline item names a shard (a URL, or a dict with one), not a sample."""
+    return isinstance(item, (str, os.PathLike)) or (isinstance(item, dict) and "url" in item)
 
 WORKER_SPLIT = "worker_split"  # an item already cut for this worker: split_by_worker lets it pass
 SHARD_SPLIT = "shards"  # a layout's "node_split" when a pass was split shard by shard
+ITEM_SPLIT = "items"  # ... when the splitter got samples, not shards, and split them one by one
 COUNT_SHARDS_ENV = "SHARDSTREAM_COUNT_SHARDS"
 _warned = False
 
@@ -212,7 +223,7 @@ class EqualSplit(PipelineStage):
         # its workers, so they get it with the dataset instead of each looking again.
         self.counts: Dict[str, int] = {}
         self.uncounted: Set[str] = set()  # no cheap count: not looked up again
-        self.mode: Optional[str] = None  # "samples" or SHARD_SPLIT, as the last pass decided
+        self.mode: Optional[str] = None  # "samples", SHARD_SPLIT or ITEM_SPLIT, as the last pass decided
 
     def set_epoch(self, epoch: int) -> None:
         """Use this epoch number for the next passes (else each pass counts as a new epoch)."""
@@ -223,9 +234,18 @@ class EqualSplit(PipelineStage):
         epoch = self.epoch if self.epoch is not None else self.passes
         self.passes += 1
         history, self.history = self.history, None
-        urls = [source_url(item, False)[0] for item in src]
-        if not urls:
+        src = iter(src)
+        first = next(src, None)
+        if first is None:
             return
+        if not is_shard(first):  # after the shard reader: webdataset's split of its items
+            self.mode = ITEM_SPLIT
+            if history:
+                raise UsageError("resuming on another world size or worker count needs split_by_node before the shard "
+                                 "reader (it got samples here, and splits them one by one)")
+            yield from itertools.islice(itertools.chain([first], src), rank, None, world)
+            return
+        urls = [source_url(item, False)[0] for item in itertools.chain([first], src)]
         if history:
             scheduler = ShardScheduler(self._shards(urls, self._counts(urls, required=True)), self.config)
             plan = _pieces(scheduler.resume_plan(resume_state(scheduler, history, self.replay), rank, world, worker, workers))
