@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from ._base.errors import UsageError
 from ._fetch.registry import fetches_natively
-from ._fetch.open import local_path_of, open_url
+from ._fetch.open import local_path_of, open_url, use_gopen_schemes
 from ._fetch.openers import (
     StreamReader,
     gopen_ais,
@@ -79,11 +79,22 @@ def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any)
     return fsspec.open(url, mode).open()
 
 
-# Scheme -> opener(url, mode, bufsize, **kw). Users may register their own, as with webdataset.
-gopen_schemes: Dict[str, Callable[..., Any]] = {"__default__": _default_handler}
+_default_handler.shardstream_default = True  # type: ignore[attr-defined]  # (see _fetch.open.user_opener)
+
+# Scheme -> opener(url, mode, bufsize, **kw), with webdataset's keys ("__default__": every other
+# scheme). Users may register their own, as with webdataset: the loader, counts and the CLI then
+# read that scheme through it too (without retries or Range resume: those are the fetchers').
+# Our own way, `_default_handler`, stands where webdataset runs curl or gsutil.
+gopen_schemes: Dict[str, Callable[..., Any]] = {
+    "__default__": _default_handler,
+    **dict.fromkeys(("pipe", "http", "https", "sftp", "ftps", "scp", "gs", "hf"), _default_handler),
+    "ais": gopen_ais,
+    "htgs": gopen_htgs,
+}
 for _scheme in os.environ.get("USE_AIS_FOR", "").split(":"):
     if _scheme:
         gopen_schemes[_scheme] = gopen_ais
+use_gopen_schemes(gopen_schemes)
 
 
 def rewrite_url(url: str) -> str:

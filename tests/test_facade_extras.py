@@ -544,3 +544,38 @@ def test_tenbin_checks():
     ours.check_acceptable_input_type([np.zeros(2)], True)
     with pytest.raises(ValueError, match="64 bit"):
         ours.check_acceptable_input_type([np.zeros(2)], False)
+
+
+def test_an_opener_in_gopen_schemes_reads_its_schemes_shards_everywhere_as_in_webdataset(tmp_path, monkeypatch):
+    """webdataset's way to plug in storage (`gopen_schemes["s3"] = my_open`) reaches the loader,
+    and the 0.2.x generators, not only `gopen`; the dict has webdataset's keys."""
+    from shardsets import sample_members, write_tar
+
+    for n in range(2):
+        write_tar(str(tmp_path / f"x-{n}.tar"), [m for i in range(3 * n, 3 * n + 3) for m in sample_members(i, exts=("cls",))])
+    assert set(shardstream.gopen_schemes) == set(webdataset.gopen_schemes)
+    for scheme in ("local", "http", "__default__"):  # a new scheme, one we fetch natively, every other one
+        urls = [f"{'other' if scheme == '__default__' else scheme}://nowhere.invalid/x-{n}.tar" for n in range(2)]
+        results = {}
+        for lib in (webdataset, shardstream):
+            calls = []
+
+            def open_local(url, mode="rb", bufsize=8192, **kw):
+                calls.append(url)
+                return open(tmp_path / url.rsplit("/", 1)[1], mode)
+
+            monkeypatch.setitem(lib.gopen_schemes, scheme, open_local)
+            results[lib.__name__] = (
+                [s["__key__"] for s in lib.WebDataset(urls, shardshuffle=False)],
+                [s["__key__"] for s in lib.DataPipeline(lib.SimpleShardList(urls), lib.tarfile_to_samples())],
+                [s["fname"] for s in lib.tariterators.tar_file_expander(lib.tariterators.url_opener([{"url": u} for u in urls]))
+                 if s],  # (webdataset's end-of-shard markers aside)
+                len(calls),
+            )
+        assert results["shardstream"] == results["webdataset"], scheme
+        assert results["shardstream"][0] == [f"s{i:04d}" for i in range(6)] and results["shardstream"][3] == 6
+        urls[1] = urls[1].replace("x-1", "missing")
+        with pytest.raises(shardstream.ShardNotFound) as info:
+            list(shardstream.WebDataset(urls, shardshuffle=False))
+        assert info.value.url == urls[1]
+        monkeypatch.undo()

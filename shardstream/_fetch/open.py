@@ -1,5 +1,6 @@
-"""Synchronous byte sources for a shard URL: local files, `pipe:` commands (opt-in), and any
-fsspec URL. Errors are translated into the shardstream error tree here, at the boundary.
+"""Synchronous byte sources for a shard URL: local files, `pipe:` commands (opt-in), any fsspec
+URL, and the openers a user put in webdataset's `gopen_schemes`. Errors are translated into the
+shardstream error tree here, at the boundary.
 """
 
 from __future__ import annotations
@@ -8,14 +9,14 @@ import os
 import subprocess
 import sys
 import threading
-from typing import IO, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Mapping, Optional
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from .._base.errors import FetchError, ShardNotFound, UsageError, safe_cause
 from .._base.security import enforced
 
-__all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_url", "pipe_allowed"]
+__all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_url", "pipe_allowed", "use_gopen_schemes", "user_opener"]
 
 CHUNK_SIZE = 1 << 20
 _PIPE_ENV = "SHARDSTREAM_ALLOW_PIPE"
@@ -37,6 +38,31 @@ def pipe_allowed(override: Optional[bool] = None) -> bool:
     if _pipe_switch is not None:
         return _pipe_switch
     return os.environ.get(_PIPE_ENV, "0").lower() in ("1", "true", "yes")
+
+
+# webdataset's `gopen_schemes` (the `gopen` module's dict, handed over when it is imported):
+# scheme (or "__default__": every other scheme) -> opener(url, mode, bufsize). An opener a user
+# puts there reads that scheme's shards everywhere shardstream reads them (the loader, counts, the
+# CLI), as webdataset's loader uses it; entries marked `shardstream_default` mean our own way.
+_gopen_schemes: Mapping[str, Callable[..., Any]] = {}
+
+
+def use_gopen_schemes(schemes: Mapping[str, Callable[..., Any]]) -> None:
+    """Consult `schemes` (kept, not copied: later changes count) for the openers of users."""
+    global _gopen_schemes
+    _gopen_schemes = schemes
+
+
+def user_opener(url: str) -> Optional[Callable[..., Any]]:
+    """The opener a user registered in `gopen_schemes` for `url`'s scheme, else None."""
+    if ":" not in url:
+        return None  # (a plain path, quickly)
+    scheme = urlparse(url).scheme
+    if scheme in ("", "file") or len(scheme) == 1:  # (a Windows drive letter)
+        return None
+    schemes = _gopen_schemes
+    entry = schemes.get(scheme, schemes.get("__default__"))
+    return None if entry is None or getattr(entry, "shardstream_default", False) else entry
 
 
 def local_path_of(url: str) -> Optional[str]:
@@ -83,6 +109,9 @@ def open_url(url: str, *, allow_pipe: Optional[bool] = None, mode: str = "rb") -
     """Open `url` for binary reading; raise ShardNotFound / FetchError / UsageError."""
     if url == "-":
         return sys.stdin.buffer
+    opener = user_opener(url)
+    if opener is not None:
+        return _open_with(opener, url, mode)
     if url.startswith("pipe:"):
         if enforced():
             raise UsageError("gopen_pipe: unsafe_gopen is False, cannot open pipe URLs", url=url)
@@ -108,6 +137,17 @@ def open_url(url: str, *, allow_pipe: Optional[bool] = None, mode: str = "rb") -
         raise FetchError(f"cannot open shard: {exn}", url=url) from safe_cause(exn)
     except ValueError as exn:  # fsspec: unknown protocol
         raise UsageError(f"cannot open shard: {exn}", url=url) from safe_cause(exn)
+
+
+def _open_with(opener: Callable[..., Any], url: str, mode: str) -> IO[bytes]:
+    try:
+        return opener(url, mode, 8192)
+    except FileNotFoundError as exn:
+        raise ShardNotFound("shard not found", url=url) from safe_cause(exn)
+    except (UsageError, FetchError):
+        raise
+    except OSError as exn:
+        raise FetchError(f"cannot open shard with the opener in gopen_schemes: {exn}", url=url) from safe_cause(exn)
 
 
 def iter_chunks(

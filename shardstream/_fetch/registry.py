@@ -20,7 +20,7 @@ import threading
 from typing import Any, AsyncGenerator, Callable, Dict, Iterable, Iterator, List, Optional, Set, Union
 
 from .._base.errors import FetchError, ShardStreamError, UsageError, safe_cause
-from .open import open_url
+from .open import open_url, user_opener
 from .options import FetchOptions, note_fetch
 from .parts import parallel_stream
 
@@ -58,8 +58,9 @@ def register_fetcher(scheme: str, fetcher: Optional[Fetcher]) -> Optional[Union[
 def fetches_natively(url: str) -> bool:
     """Whether `url`'s scheme has a fetcher in the registry (http, https, s3 and every scheme
     added with `register_fetcher`): such URLs stream through the async fetchers; the rest
-    (paths, file:, pipe:, other fsspec protocols) through the blocking opener."""
-    return _entry_for(url) is not None
+    (paths, file:, pipe:, other fsspec protocols, and schemes whose opener a user put in
+    webdataset's `gopen_schemes`) through the blocking opener."""
+    return _entry_for(url) is not None and user_opener(url) is None
 
 
 def _entry_for(url: str) -> Optional[Union[str, Fetcher]]:
