@@ -24,6 +24,11 @@ from shardstream._base.redact import redact
         ("https://user:pw@host:8443?next=x@y", "https://***@host:8443?next=x@y"),
         ("http://[::1]/a.tar?mail=a@b.c", "http://[::1]/a.tar?mail=a@b.c"),  # IPv6: its colons are no password
         ("http://host:8080/a@b/x.tar", "http://host:8080/a@b/x.tar"),  # a port, "@" in the path: kept
+        ("http://alice:1234/5678@127.0.0.1:9/x.tar", "http://***@127.0.0.1:9/x.tar"),  # digits and "/": no port
+        ("http://bob:12/34@files.example.com/x.tar", "http://***@files.example.com/x.tar"),
+        ("http://localhost:8080/v@1.2/x.tar", "http://localhost:8080/v@1.2/x.tar"),  # a host's port, "@" in the path
+        ("http://h.example:80/a@b.c/x.tar", "http://h.example:80/a@b.c/x.tar"),
+        ("https://h/x.tar#access_token=tok123", "https://h/x.tar#access_token=***"),  # a secret in the fragment
         ("s3://bucket/a.tar?X-Amz-Signature=abc&x=1", "s3://bucket/a.tar?X-Amz-Signature=***&x=1"),
         ("https://storage.googleapis.com/b/o.tar?X-Goog-Algorithm=GOOG4&X-Goog-Credential=sa%40p.iam&"
          "X-Goog-Signature=0a1b", "https://storage.googleapis.com/b/o.tar?X-Goog-Algorithm=GOOG4&"

@@ -5,6 +5,7 @@ timeout gives up on it."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -72,6 +73,7 @@ def test_a_silent_transfer_is_reported_before_its_stall_timeout(files, caplog, b
                 other.close()
     quiet = [r.getMessage() for r in caplog.records if "no bytes from" in r.getMessage()]
     assert len(quiet) == 1 and "x.bin" in quiet[0] and "stall_timeout" in quiet[0]
+    assert 0.4 <= float(re.search(r" for ([\d.]+) s;", quiet[0]).group(1)) < 1.2, quiet  # (it said "for 0 s")
 
 
 def _silent_read_in_child(url, queue):

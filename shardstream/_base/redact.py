@@ -27,7 +27,7 @@ MASK = "***"
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")  # to the next space: a password may hold quotes
 _PORT = re.compile(r":\d*$")
 _SECRET_NAME = r"[\w.-]*(?:key|token|secret|signature|password|passwd|credential|auth)[\w.-]*|sig|pwd|pass"
-_ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&;:\s'\"(,])(?:{_SECRET_NAME})=)[^&#;\s'\"]*")
+_ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&#;:\s'\"(,])(?:{_SECRET_NAME})=)[^&#;\s'\"]*")
 _USER_OPTION = re.compile(r"((?:^|\s)(?:-u\s*|--user[=\s]+|--password[=\s]+))(['\"]?)[^\s'\"]+")
 _AUTH_HEADER = re.compile(r"(?i)(authorization\s*:\s*)[^'\"\n]+")
 # a header in a mapping's repr (aiohttp's errors show their request's): 'Authorization': 'Basic ...'
@@ -56,13 +56,21 @@ def _userinfo_end(rest: str) -> int:
     # `user:pa/ss@host`, `user:pa#ss@host`, `user:pa?ss@host`: a "/", "#" or "?" in the password
     # ends the authority early. An authority with a colon that is not a port (nor IPv6 brackets),
     # then the first "@" whose text up to the next "/" is a host, is taken as userinfo all the same.
-    if ":" not in authority or _PORT.search(authority) or authority.startswith("["):
+    # So is `user:1234/5678@host.name` (a password of digits reads as a port): there the user must
+    # not look like a host (no dot) and the text after the "@" must (a dot, a port, localhost).
+    if ":" not in authority or authority.startswith("["):
+        return -1
+    port_like = _PORT.search(authority) is not None
+    if port_like and ("." in authority or authority.partition(":")[0].lower() == "localhost"):
         return -1
     at = rest.find("@")
     if at == -1:
         return -1
     slash = rest.find("/", at + 1)
-    return at if _HOST.match(rest[at + 1: len(rest) if slash == -1 else slash]) else -1
+    host = rest[at + 1: len(rest) if slash == -1 else slash]
+    if port_like and not ("." in host or ":" in host or host.lower() == "localhost"):
+        return -1
+    return at if _HOST.match(host) else -1
 
 
 def _userinfo(url: str) -> str:

@@ -138,5 +138,5 @@ async def _watch(dog: _Watchdog) -> None:
             quiet = now - silence.last
             if not silence.warned and quiet >= warn_after(silence.stall_timeout):
                 silence.warned = True
-                log.warning("no bytes from %s for %.0f s; it is retried after %g s without a byte (stall_timeout)",
-                            redact(silence.url), quiet, silence.stall_timeout)
+                log.warning("no bytes from %s for %g s; it is retried after %g s without a byte (stall_timeout)",
+                            redact(silence.url), round(quiet, 1), silence.stall_timeout)
