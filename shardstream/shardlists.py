@@ -16,6 +16,7 @@ import yaml
 
 from . import utils
 from ._shard.counts import known_counts
+from ._shard.origin import Draw
 from ._shard.dirshards import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
 from ._fetch.listing import expand_listings
 from ._fetch.registry import warm_fetchers
@@ -205,11 +206,11 @@ class ResampledShards(IterableDataset):
         if self.weights is not None:
             cumulative = list(itertools.accumulate(self.weights))
             for _ in range(self.nshards):
-                yield dict(url=self.rng.choices(self.urls, cum_weights=cumulative)[0])
+                yield Draw(self.rng.choices(self.urls, cum_weights=cumulative)[0], self._drawn_from)
             return
         for _ in range(self.nshards):
             index = self.rng.randint(0, len(self.urls) - 1)
-            yield dict(url=self.urls[index])
+            yield Draw(self.urls[index], self._drawn_from)
 
 
     def _exact(self) -> Iterator[dict]:
@@ -220,7 +221,14 @@ class ResampledShards(IterableDataset):
                   for url, count, weight, source in zip(self.urls, known_counts(self.urls), weights, self.sources)]
         draws = ShardScheduler(shards, SchedulerConfig(seed=seed, mode="resampled")).iter_exact(self.epoch, rank, worker)
         for piece in itertools.islice(draws, self.nshards):
-            yield dict(url=piece.url)
+            yield Draw(piece.url, self._drawn_from)
+
+    @property
+    def _drawn_from(self) -> int:
+        """The shards a draw can pick (a zero weight: never)."""
+        if self.weights is None:
+            return len(set(self.urls))
+        return len({url for url, weight in zip(self.urls, self.weights) if weight > 0})
 
 
 def _listed_sources(spec: str) -> List[List[str]]:

@@ -250,3 +250,22 @@ def test_location_notes_are_read_back_only_from_torch_text_and_the_last_one_wins
     error = caught.value
     assert type(error).__name__ == "CorruptCacheFile" and "Caught CorruptCacheFile" in str(error)
     assert (error.url, error.cache_path, error.reason) == ("http://h/x.tar", "/cache/x.tar", "digest mismatch")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("handler", ["warn_and_continue", "ignore_and_continue"])
+def test_resampled_draws_from_shards_that_all_fail_end_with_an_error(shards, handler):
+    """Drawing with replacement never runs out of shards: once every shard it draws from has
+    failed since the last sample, the pass raises instead of drawing them again forever."""
+    bad = [shards[name] for name in ("notar", "empty", "missing")]  # (truncated and corrupt ones have samples)
+    ds = wds.WebDataset(bad, resampled=True, handler=getattr(wds, handler), seed=3).with_epoch(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(wds.ShardStreamError, match="all 3 shards that resampled draws come from failed"):
+            list(ds)
+    # One good shard among them: the pass goes on as long as it is asked to.
+    ds = wds.WebDataset(bad + [shards["good1"]], resampled=True, handler=getattr(wds, handler), seed=3).with_epoch(40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        samples = list(ds)
+    assert len(samples) == 40 and all(s["__key__"] in {f"s{i:04d}" for i in range(5)} for s in samples)

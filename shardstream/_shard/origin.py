@@ -12,7 +12,22 @@ from .._fetch.options import FetchOptions
 from .._fetch.registry import fetches_natively
 from .._fetch.stream import ChunkStream, open_stream
 
-__all__ = ["open_origin", "pulling", "shard_range", "source_url"]
+__all__ = ["Draw", "open_origin", "pulling", "shard_range", "source_url"]
+
+
+class Draw(dict):
+    """A shard-list item drawn with replacement (`ResampledShards`): `dict(url=...)`, equal to
+    one, that also tells how many shards the draws come from (`drawn_from`). Once every one of
+    them has failed since the last sample, the reader stops: drawing them again would never end."""
+
+    __slots__ = ("drawn_from",)
+
+    def __init__(self, url: str, drawn_from: int) -> None:
+        super().__init__(url=url)
+        self.drawn_from = drawn_from
+
+    def __reduce__(self):
+        return (Draw, (self["url"], self.drawn_from))
 
 
 def open_origin(

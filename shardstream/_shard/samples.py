@@ -20,7 +20,7 @@ from typing import (
     Tuple,
 )
 
-from .._base.errors import FormatError, ShardStreamError, UsageError
+from .._base.errors import FormatError, ShardStreamError, UsageError, safe_cause
 from .._base.handlers import reraise_exception
 from .._cache.shardcache import ShardCache
 from .._fetch.open import local_path_of
@@ -355,6 +355,7 @@ class TarShardSamples(PipelineStage):
 
         budget = self.shards_in_flight * (self.fetch_options or FetchOptions()).prefetch_bytes
         exhausted = False
+        failing: set = set()  # drawn shards (`Draw`) that failed since the last sample
 
         def fill() -> None:
             # Keep `shards_in_flight` downloads busy: a finished or stalled (buffer full) stream
@@ -410,10 +411,21 @@ class TarShardSamples(PipelineStage):
                 except Exception as exn:
                     if not self._failed(exn, url):
                         return
+                    drawn_from = getattr(item, "drawn_from", None)
+                    if drawn_from is not None and not count:
+                        failing.add(url)
+                        if len(failing) >= drawn_from:
+                            raise ShardStreamError(
+                                f"all {drawn_from} shards that resampled draws come from failed since the last sample "
+                                f"(each went to the handler): drawing them again would never end",
+                                url=url,
+                            ) from safe_cause(exn)
                 else:
                     self.source_stats.add(shards=1, samples=count)
                 finally:
                     self._drop_ahead(url, ready)
+                if count:
+                    failing.clear()
         finally:
             for _index, item, ready in ahead:
                 self._drop_ahead(source_url(item, False)[0], ready)
