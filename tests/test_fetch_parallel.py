@@ -115,6 +115,33 @@ def test_exact_bytes_around_part_boundaries(shared_server, files, name, parts):
             assert got == data[start:], start
 
 
+def test_a_server_without_validators_is_read_over_one_connection_with_a_warning(server, files, caplog):
+    """No ETag, no Last-Modified: nothing could show that the parts of a shard come from one
+    version of it (an object replaced meanwhile would be spliced from two of the same size), so
+    the download is not cut into parts; said once per server."""
+    import logging
+
+    import shardstream._fetch.http as http
+
+    server.options.no_validators = True
+    http._told_no_validator.clear()
+    options = FAST.replace(parallel_parts=8)
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        for name in ("large.bin", "four.bin"):
+            before = server.stats.snapshot()
+            got, _stats = fetch_all(server.url(name), options)
+            assert got == files[1][name]
+            after = server.stats.snapshot()
+            # the first part's request (which tells there is no validator), then one for the rest
+            assert after.requests - before.requests == 2 and after.range_requests - before.range_requests <= 2
+    said = [r.getMessage() for r in caplog.records if "gives no ETag or Last-Modified" in r.getMessage()]
+    assert len(said) == 1 and server.url("")[:-1].rstrip("/") in said[0]
+    server.options.no_validators = False
+    before = server.stats.snapshot().requests
+    assert fetch_all(server.url("large.bin"), options)[0] == files[1]["large.bin"]
+    assert server.stats.snapshot().requests - before == 8 * MIB // PART  # in parts again
+
+
 def test_many_parts_with_small_chunks(shared_server, files):
     data = files[1]["large.bin"]
     options = FAST.replace(parallel_parts=8, part_size=100_000, chunk_size=7_000)

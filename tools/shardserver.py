@@ -136,6 +136,7 @@ class ServerOptions:
     fail_first_fault: str = _opt("status", str, f"the fault --fail-first injects: {FAULT_KINDS}")
     require_token: str | None = _opt(None, str, "answer 403 unless the query has ?token=THIS")
     basic_auth: tuple[str, str] | None = _opt(None, _parse_user_password, "USER:PASSWORD, else 401")
+    no_validators: bool = _opt(False, bool, "send neither ETag nor Last-Modified (a dynamic origin)")
 
     def __setattr__(self, name: str, value: Any) -> None:
         value = _validated(name, value)
@@ -319,7 +320,7 @@ class _FileHandler:
     ) -> web.StreamResponse:
         start, end = span if span else (0, info.st_size - 1)
         length = end - start + 1
-        response = web.StreamResponse(status=206 if span else 200, headers=_file_headers(info))
+        response = web.StreamResponse(status=206 if span else 200, headers=_file_headers(info, opts.no_validators))
         if span:
             response.headers[hdrs.CONTENT_RANGE] = f"bytes {start}-{end}/{info.st_size}"
         response.content_length = length + (_WRONG_LENGTH_EXTRA if fault == "wrong_length" else 0)
@@ -453,13 +454,12 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def _file_headers(info: os.stat_result) -> dict[str, str]:
-    return {
-        hdrs.ACCEPT_RANGES: "bytes",
-        hdrs.CONTENT_TYPE: "application/octet-stream",
-        hdrs.ETAG: f'"{info.st_mtime_ns:x}-{info.st_size:x}"',
-        hdrs.LAST_MODIFIED: formatdate(info.st_mtime, usegmt=True),
-    }
+def _file_headers(info: os.stat_result, no_validators: bool = False) -> dict[str, str]:
+    headers = {hdrs.ACCEPT_RANGES: "bytes", hdrs.CONTENT_TYPE: "application/octet-stream"}
+    if not no_validators:
+        headers[hdrs.ETAG] = f'"{info.st_mtime_ns:x}-{info.st_size:x}"'
+        headers[hdrs.LAST_MODIFIED] = formatdate(info.st_mtime, usegmt=True)
+    return headers
 
 
 async def _reset(transport: asyncio.BaseTransport) -> None:

@@ -46,6 +46,7 @@ class _Again(Exception):
 # answers each request from any of them. At 2 servers, a part fails 1 time in 2**17.
 OTHER_COPY_ASKS = 16
 _told_other_copies: set = set()  # origins already warned about
+_told_no_validator: set = set()  # origins already said to give no ETag nor Last-Modified
 
 
 class _Retry(Exception):
@@ -202,8 +203,7 @@ class _Transfer:
         size = self.total if self.total is not None else self.known_size
         if size is not None and _stated_size(resp) == size and self.other_copies < OTHER_COPY_ASKS:
             self.other_copies += 1
-            parts = urllib.parse.urlsplit(self.url)
-            origin = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+            origin = _origin_of(self.url)
             if origin not in _told_other_copies:
                 _told_other_copies.add(origin)
                 logger.warning("%s: a response tags the object differently (%s) at the same size: another server's "
@@ -214,6 +214,27 @@ class _Transfer:
         asked = f", asked {self.other_copies + 1} times" if self.other_copies else ""
         raise self.error(f"object changed during the download ({change}{asked}); if the server is a pool whose "
                          f"copies of one file carry different ETags, read it with parallel_parts=1")
+
+
+def _validated(transfer: _Transfer) -> bool:
+    """Whether a response named the object's version (ETag or Last-Modified), so that parts of it
+    can be checked to come from one object. Without one, a download is not cut into parts: an
+    object replaced meanwhile would be spliced from two versions of the same size (a resume after
+    a broken transfer still relies on the size alone). Said once per server."""
+    if transfer.etag or transfer.last_modified:
+        return True
+    origin = _origin_of(transfer.url)
+    if origin not in _told_no_validator:
+        _told_no_validator.add(origin)
+        logger.warning("%s gives no ETag or Last-Modified, which would show that the parts of a shard come from one "
+                       "version of it: its shards are read over one connection each (said once per server)",
+                       redact_url(origin))
+    return False
+
+
+def _origin_of(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:
@@ -287,8 +308,10 @@ async def http_stream(
                     _learn_object(transfer, identity)
                     if transfer.total_exact or (transfer.total is not None and start == 0 and stop is None):
                         note_size(transfer.total)  # type: ignore[arg-type]
-                    if on_size is not None:
-                        on_size(transfer.total if transfer.total_exact else None)
+                    if on_size is not None:  # (parts after this one only for an object whose version is named)
+                        size = transfer.total if transfer.total_exact else None
+                        on_size(None if size is not None and stop is not None and size > stop
+                                and not _validated(transfer) else size)
                         on_size = None
                     if skip is None:
                         return
