@@ -130,6 +130,7 @@ class TarReader:
         self._need_data = BLOCK  # of those, the bytes up to the end of a regular member's data (the rest: padding)
         self._stalled: Optional[tuple] = None  # (member, offset) of the header waiting for data
         self._pending: Optional[Tuple[str, int]] = None  # the same, for a regular member (see pending_header)
+        self._last_name: Optional[str] = None  # the last member handed out by an earlier call (for errors)
         self._ext: Optional[_Extension] = None
         self._dangling: Optional[int] = None  # offset of extension headers no member followed yet
         self._global: dict = {}  # PAX global header records
@@ -400,6 +401,8 @@ class TarReader:
             # Hand out the members before the error; the next call raises it (self._error).
         finally:
             self._pos = pos
+            if out:
+                self._last_name = out[-1][0]
         if self._finished:
             self._buf, self._pos, self._base = b"", 0, base + pos  # keep offset, free the buffer
             self._stalled = self._pending = None
@@ -422,7 +425,9 @@ class TarReader:
                 self._finished = True
                 self._dangling = None  # a global header before the end is fine (tarfile writes that)
                 return pos + BLOCK
-            raise self._fail("bad tar header checksum (corrupt, or not a tar archive)", offset=offset)
+            last = out[-1][0] if out else self._last_name
+            after = "" if last is None else f", after member {last!r}"
+            raise self._fail(f"bad tar header checksum (corrupt, or not a tar archive{after})", offset=offset)
         typ = hdr[156:157]
         name = text_field(hdr[:100])
         try:
