@@ -696,3 +696,47 @@ def test_a_shard_whose_length_the_origin_stated_is_kept_as_the_origin_has_it(tmp
         assert srv.stats.snapshot().fetches["a.tar"] == 1
     assert not [r for r in caplog.records if "not cached" in r.getMessage()]
     assert [r for r in caplog.records if "end-of-archive" in r.getMessage()]
+
+
+def _truncate_while_reading_in_child(urls, cache_dir, victim, out_path):
+    """Read `urls`; after the first sample, cut `victim` (the file being read, memory-mapped) to
+    a third, then read on. Touching a mapped page past a file's end is a SIGBUS: the child dies
+    unless the reader looks at the file's size before each part of it is touched."""
+    got, error = [], None
+    try:  # (without the engine's reader thread, which would be anywhere in the file when it is cut)
+        for sample in wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir).with_engine(enabled=False):
+            if not got:
+                os.truncate(victim, os.path.getsize(victim) // 3)
+            got.append(sample)
+    except wds.FetchError as exn:
+        error = str(exn)
+    with open(out_path, "w") as f:
+        json.dump({"samples": _digests(got), "error": error}, f)
+
+
+@pytest.mark.parametrize("where", ["cache", "local"])
+def test_a_file_cut_while_it_is_read_is_no_crash(server, files, tmp_path, where):
+    """A disk hit cut short by someone else mid-read is evicted and fetched again; a local shard
+    cut short is an error that says so. Neither kills the process."""
+    ctx = multiprocessing.get_context("spawn")
+    out = str(tmp_path / "out.json")
+    if where == "cache":
+        urls, cache_dir = [server.url(n) for n in NAMES], str(tmp_path / "cache")
+        os.makedirs(cache_dir)
+        expected = _expected(files)
+        assert _read(urls, cache_dir)[0] == expected
+        victim = os.path.join(cache_dir, cache_file_name(urls[0]))
+    else:  # larger than the 8 MiB a local map is parsed at a time
+        root = tmp_path / "local"
+        root.mkdir()
+        data = write_served(str(root), ["big.tar"], 40, 256 << 10)["big.tar"]
+        urls, cache_dir, victim = [str(root / "big.tar")], None, str(root / "big.tar")
+        assert len(data) > 9 << 20
+    result = run_children([ctx.Process(target=_truncate_while_reading_in_child, args=(urls, cache_dir, victim, out))],
+                          [out], 45)[0]
+    if where == "cache":
+        assert [tuple(s) for s in result["samples"]] == expected and result["error"] is None
+        assert os.path.getsize(victim) == len(files[1][NAMES[0]])  # fetched whole again
+    else:
+        assert "shrank" in result["error"] and victim in result["error"]
+        assert 1 <= len(result["samples"]) < 40

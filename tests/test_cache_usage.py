@@ -94,6 +94,26 @@ def test_an_over_count_never_lets_the_directory_outgrow_its_bound(tmp_path):
     assert ledger(tier).total == 200 == tier.committed_bytes()
 
 
+def test_a_file_discarded_as_invalid_leaves_the_ledger(tmp_path):
+    """A file found corrupt (or without a record that matches it) is taken off the ledger as it is
+    removed: left on it, the next commits would evict good files to make room for a ghost."""
+    tier = DiskTier(str(tmp_path), 350)
+    for name in "abc":
+        assert put(tier, f"http://h/{name}.tar", name.encode() * 100)
+    source = tier.lookup("http://h/a.tar")
+    assert tier.discard_corrupt(source)  # (what a reader that found a bad block does)
+    source.close()
+    assert ledger(tier).total == 200 == tier.committed_bytes()
+    with open(tier.path_for("http://h/b.tar"), "ab") as f:
+        f.write(b"x")  # its size no longer matches its record
+    assert tier.lookup("http://h/b.tar", repair=True) is None
+    assert ledger(tier).total == 100 == tier.committed_bytes()
+    for name in "ad":  # 300 with both back: within the bound, so c stays
+        assert put(tier, f"http://h/{name}.tar", name.encode() * 100)
+    assert [u for u in "abcd" if tier.lookup(f"http://h/{u}.tar")] == ["a", "c", "d"]
+    assert ledger(tier).total == 300 == tier.committed_bytes()
+
+
 def test_a_full_cache_evicts_without_listing_each_commit(tmp_path, listings):
     """At its bound (a cache smaller than the data set) a commit evicts the oldest files the last
     listing saw: one listing serves many commits, and the order is still exact LRU."""

@@ -272,6 +272,26 @@ def test_a_full_cache_disk_never_fails_the_read(tmp_path):
     assert temps(tmp_path) == [] and not os.path.exists(disk.path_for(url))
 
 
+def test_a_disk_too_full_for_the_progress_log_leaves_no_file_behind(tmp_path, monkeypatch):
+    """The temp file and its progress log are made, the log's header cannot be written: neither
+    stays (the log used to, until another process's cleanup)."""
+    import errno
+
+    import shardstream._cache.share as share
+
+    disk = DiskTier(str(tmp_path), None)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(share.os, "write", full)  # (the os module: only the writer runs meanwhile)
+    writer = disk.writer(shard_url(2))
+    monkeypatch.undo()
+    assert writer is None and temps(tmp_path) == []
+    url, data = shard_url(2), shard_bytes(shard_url(2))
+    assert b"".join(ShardCache([disk]).stream(url, Origin())) == data and temps(tmp_path) == []
+
+
 def test_same_url_twice_in_one_process_does_not_wait_on_itself(tmp_path):
     url, data = shard_url(1), shard_bytes(shard_url(1))
     origin = Origin()

@@ -20,6 +20,7 @@ or the size only) are never trusted: such files are fetched again.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -227,9 +228,14 @@ class VerifiedFile:
         offset = first = self.checked
         if len(view) != size:
             raise self.failed(offset, f"the file has {len(view)} bytes, {size} were recorded")
+        fd = self.file.fileno() if self.file is not None else None
         try:
             while offset < stop:
                 end = min(size, offset + block_size)
+                # Touching a mapped page past the file's end is a SIGBUS, which kills the process:
+                # a file cut short in place (by someone else) is seen here, block by block.
+                if fd is not None and os.fstat(fd).st_size < end:
+                    raise self.failed(offset, f"the file shrank to {os.fstat(fd).st_size} bytes while it was read")
                 if block_digest(view[offset:end]) != crcs[offset // block_size]:  # type: ignore[index]
                     raise self.failed(offset, f"digest mismatch in bytes {offset}-{end - 1}")
                 offset = self.checked = end

@@ -174,7 +174,7 @@ class DiskTier:
                     logger.info("cached shard %s has no recorded digest (an older cache): fetching it again", path)
                 else:
                     logger.warning("discarding invalid cached shard %s", path)
-                self._remove(path)
+                self._discard(path, record.size if record is not None else st.st_size)  # (what was counted)
             return None
         self._touch(path)
         with self._local():
@@ -194,8 +194,23 @@ class DiskTier:
             return False
         if (st.st_dev, st.st_ino) != source.ident:
             return False
-        self._remove(source.path)
+        self._discard(source.path, source.record.size)  # (what its commit counted)
         return True
+
+    def _discard(self, path: str, size: int) -> None:
+        """Remove a committed file found invalid, and take it off the usage ledger: left there,
+        the next commit would count it and evict good files to make room for it."""
+        self._remove(path)
+        try:
+            self._local()
+            with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
+                timeout=self.lock_timeout, poll_interval=self.poll_interval
+            ):
+                usage = read_usage(self._usage_path)
+                if usage is not None:
+                    write_usage(self._usage_path, usage._replace(total=max(0, usage.total - size)))
+        except (OSError, Timeout) as exn:  # (the ledger then over-counts until the next listing)
+            logger.warning("cannot update the usage ledger of %s: %s", self.cache_dir, exn)
 
     def _reader_done(self, path: str) -> None:
         with self._local():

@@ -66,11 +66,13 @@ def progress_log_path(temp: str) -> str:
 
 def open_progress_log(temp: str, block_size: int) -> int:
     """Create `temp`'s progress log (exclusively) and return its fd, header written."""
-    fd = os.open(progress_log_path(temp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    path = progress_log_path(temp)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         os.write(fd, _HEADER.pack(_MAGIC, block_size))
-    except BaseException:
+    except BaseException:  # (a full disk: the file was made, its header could not be written)
         os.close(fd)
+        _unlink(path)
         raise
     return fd
 

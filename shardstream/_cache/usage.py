@@ -9,8 +9,10 @@ missing or unreadable, when a commit past the bound finds no more files to evict
 last listing saw (`DiskTier._evict_oldest`), and once the last listing is `RESCAN_S` old (files
 added or removed behind the cache's back, dead writers' temp files).
 
-Between listings the ledger over-counts what was removed behind its back (files evicted as
-corrupt, deleted by hand), which only brings the next listing sooner; it misses what was added
+Files the tier itself finds invalid or corrupt are taken off the ledger as they are removed
+(left on it, they made the next commits evict good files). Between listings the ledger
+over-counts what was removed behind its back (files deleted by hand), which brings the next
+listing sooner and may evict files that fit; it misses what was added
 behind its back (files copied in by hand, or committed by a version of this library without the
 ledger), which the next listing counts, `RESCAN_S` later at most. Callers hold the evict lock for
 every read-modify-write.

@@ -151,6 +151,8 @@ def mapped_member_batches(
                 stop = min(size, pos + window)
                 if check is not None:
                     check(view, stop)
+                else:
+                    _not_shrunk(fd, stop, size, url)
                 members, consumed = reader.feed_view(
                     view[pos:stop], read_range=None if check is not None else _preader(fd, pos, url))
                 if consumed or stop == size:
@@ -171,6 +173,8 @@ def mapped_member_batches(
         stop = min(size, pos + TAIL_SCAN) if reader.finished else size  # after the archive: a stray header?
         if check is not None:
             check(view, stop)
+        else:
+            _not_shrunk(fd, stop, size, url)
         rest = view[pos:stop].tobytes() if pos < stop else b""
         yield reader.feed(rest) + _closed(reader, url)
         reader.close()  # (raises an error kept back behind the last member)
@@ -187,6 +191,15 @@ def mapped_member_batches(
                 pass
         if owned:
             os.close(fd)
+
+
+def _not_shrunk(fd: int, stop: int, size: int, url: str) -> None:
+    """Raise when the mapped file no longer reaches `stop`: touching a mapped page past a file's
+    end kills the process (SIGBUS). Checked before each window is parsed; a file cut while that
+    window is being parsed is not caught."""
+    now = os.fstat(fd).st_size
+    if now < stop:
+        raise FetchError(f"the file shrank from {size} to {now} bytes while it was read", url=url, offset=now)
 
 
 def _preader(fd: int, base: int, url: str) -> Callable[[int, int], bytes]:
