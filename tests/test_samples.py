@@ -149,3 +149,28 @@ def test_a_transfer_that_breaks_inside_a_member_of_the_next_sample_hands_out_the
     assert _keys(got) == ["s00", "s01"] and got[1]["b"] == bytes([1]) * 3000
     assert caught.value.member == "s02.a" and caught.value.pending == ("s02.a", info.offset)
     assert cursor.position == (0, 2, info.offset)
+
+
+@pytest.mark.parametrize("handler", ["reraise_exception", "ignore_and_continue"])
+def test_a_header_after_the_end_of_archive_comes_after_every_sample_of_the_archive(tmp_path, handler):
+    """Two archives concatenated: the first one's samples are all whole (its end-of-archive block
+    says so), so all come out before the error (webdataset stops there quietly, with the same samples)."""
+    import webdataset
+
+    parts = []
+    for n, first in enumerate((0, 100)):
+        members = [(f"s{i:04d}.{ext}", f"{ext}{i}".encode()) for i in range(first, first + 5) for ext in ("txt", "cls")]
+        parts.append(open(write_tar(str(tmp_path / f"part{n}.tar"), members), "rb").read())
+    path = tmp_path / "two.tar"
+    path.write_bytes(b"".join(parts))
+    got = []
+    try:
+        for sample in wds.WebDataset(str(path), shardshuffle=False, handler=getattr(wds, handler), empty_check=False):
+            got.append(sample)
+    except wds.FormatError as exn:
+        assert handler == "reraise_exception" and "after the end-of-archive block" in str(exn)
+    else:
+        assert handler == "ignore_and_continue"
+    theirs = [s["__key__"] for s in webdataset.WebDataset(str(path), shardshuffle=False)]
+    assert _keys(got) == theirs == [f"s{i:04d}" for i in range(5)]
+    assert got[-1]["cls"] == b"cls4"

@@ -46,9 +46,12 @@ class ShardStreamError(Exception):
         pending: (name, header offset) of the member whose header was read and whose data had
             not all come when the shard broke, or None (set by the member readers: a sample
             the member does not belong to was complete, and is handed out before the error).
+        archive_end: where the archive's end-of-archive block ended, when the error came after
+            it (a header behind it), else None: every sample of the archive was complete.
     """
 
     pending: Optional[Tuple[str, int]] = None
+    archive_end: Optional[int] = None
 
     def __init__(
         self,

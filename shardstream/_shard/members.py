@@ -85,10 +85,10 @@ def chunk_member_batches(
         yield _closed(reader, url)
         reader.close()  # (raises an error kept back behind the last member)
     except FetchError as exn:  # the transfer broke: say inside which member, as format errors do
-        exn.pending = exn.pending or reader.pending_header
+        _where_it_broke(exn, reader)
         raise exn.with_location(member=reader.pending_member)
     except ShardStreamError as exn:
-        exn.pending = exn.pending or reader.pending_header
+        _where_it_broke(exn, reader)
         raise
     finally:
         close = getattr(chunks, "close", None)
@@ -179,7 +179,8 @@ def mapped_member_batches(
         yield reader.feed(rest) + _closed(reader, url)
         reader.close()  # (raises an error kept back behind the last member)
     except ShardStreamError as exn:
-        exn.pending = exn.pending or (reader.pending_header if reader is not None else None)
+        if reader is not None:
+            _where_it_broke(exn, reader)
         raise
     finally:
         if view is not None:
@@ -191,6 +192,15 @@ def mapped_member_batches(
                 pass
         if owned:
             os.close(fd)
+
+
+def _where_it_broke(exn: ShardStreamError, reader: TarReader) -> None:
+    """Tell `exn` how far the shard was read whole (see ShardStreamError.pending, archive_end):
+    the samples before that point are handed out before it is raised."""
+    if exn.pending is None:
+        exn.pending = reader.pending_header
+    if exn.archive_end is None and reader.finished:
+        exn.archive_end = reader.offset
 
 
 def _not_shrunk(fd: int, stop: int, size: int, url: str) -> None:

@@ -74,16 +74,13 @@ def shard_samples(
         except StopIteration:
             break
         except ShardStreamError as exn:
-            # The shard broke inside a member whose header names another sample: the sample
-            # being assembled is whole (webdataset hands it out too), the new one is dropped.
-            if current is not None and exn.pending is not None and not skip and (limit is None or limit > 0):
-                try:
-                    field = _field(exn.pending[0], rename_files, select_files)
-                except Exception:  # (the member's own error: not ours to report over the shard's)
-                    field = None
-                if field is not None and field[0] != current_key:
+            # The shard broke inside a member whose header names another sample, or after the
+            # archive's end: the sample being assembled is whole (webdataset hands it out too).
+            if current is not None and not skip and (limit is None or limit > 0):
+                next_offset = _whole_before(exn, current_key, rename_files, select_files)
+                if next_offset is not None:
                     if cursor is not None:
-                        cursor.advance(exn.pending[1], limit == 1)
+                        cursor.advance(next_offset, limit == 1)
                     yield current
             raise
         for name, data, offset in members:
@@ -127,6 +124,23 @@ def shard_samples(
         if cursor is not None:
             cursor.advance(None, True)
         yield current
+
+
+def _whole_before(
+    exn: ShardStreamError, key: Optional[str], rename_files: Optional[Callable[[str], str]],
+    select_files: Optional[Callable[[str], bool]],
+) -> Optional[int]:
+    """Where the shard stopped being whole, if the sample `key` being assembled when `exn` was
+    raised is whole (see ShardStreamError.pending, archive_end), else None."""
+    if exn.archive_end is not None:
+        return exn.archive_end
+    if exn.pending is None:
+        return None
+    try:
+        field = _field(exn.pending[0], rename_files, select_files)
+    except Exception:  # (the member's own error: not ours to report over the shard's)
+        return None
+    return exn.pending[1] if field is not None and field[0] != key else None
 
 
 def _field(
