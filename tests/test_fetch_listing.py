@@ -55,6 +55,22 @@ def test_a_missing_folder_is_shard_not_found_naming_it(tmp_path):
     assert info.value.url == str(tmp_path / "gone") + "/"
 
 
+def test_a_glob_or_folder_that_names_no_shard_is_an_error_in_the_loader_and_the_cli(folder, tmp_path_factory, capsys):
+    """A typo in a spec must not read as no data, nor a `::` source of a mix vanish from it."""
+    from shardstream.cli import main
+
+    empty = str(tmp_path_factory.mktemp("empty"))
+    for spec, named in [(folder + "/nomatch-*.tar", folder + "/nomatch-*.tar"), (empty + "/", empty + "/"),
+                        (f"{folder}/train-000.tar::{folder}/nomatch-*.tar", folder + "/nomatch-*.tar")]:
+        with pytest.raises(wds.ShardNotFound, match="no shards match") as info:
+            wds.WebDataset(spec, shardshuffle=False)
+        assert info.value.url == named
+        for command in ("verify", "ls"):
+            assert main([command, spec]) == 1, (command, spec)
+            assert named in capsys.readouterr().err
+    assert main(["verify", empty]) == 1 and "no shards in this folder" in capsys.readouterr().err
+
+
 def test_a_folder_given_as_a_shard_says_it_is_a_folder(folder):
     with pytest.raises(wds.FetchError, match="it is a directory .*with a trailing '/'") as info:
         list(wds.WebDataset(folder, shardshuffle=False))
@@ -71,8 +87,9 @@ def test_resampled_shards_draw_from_listed_folders_and_globs_by_source(folder, t
     assert shards.urls == [f"{folder}/train-{i:03d}.tar" for i in range(3)] + [f"{other}/b-0.tar"]
     drawn = [d["url"] for d in itertools.islice(iter(shards), 400)]
     assert drawn.count(f"{other}/b-0.tar") == 300
-    with pytest.raises(ValueError, match="source 1 .* names no shards"):
+    with pytest.raises(wds.ShardNotFound, match="no shards match") as info:
         wds.ResampledShards(f"{folder}/train-*.tar::{folder}/none-*.tar", weights=[1, 1])
+    assert info.value.url == f"{folder}/none-*.tar"
     keys = {s["__key__"] for s in itertools.islice(iter(wds.WebDataset(f"{other}/", resampled=True, seed=1)), 5)}
     assert keys == {"b"}
 

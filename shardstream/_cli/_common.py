@@ -8,6 +8,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, List, Optional
 
+from .._base.errors import ShardNotFound
 from .._fetch.open import local_path_of
 from .._fetch.listing import expand_listings, folder_shards
 from .._fetch.loop import shutdown_loop
@@ -24,8 +25,9 @@ def shard_urls(spec: str) -> List[str]:
     path = local_path_of(spec)
     if path is not None and os.path.isdir(path):
         shards = folder_shards(path)
-        if shards:
-            return shards
+        if not shards:
+            raise ShardNotFound("no shards in this folder", url=spec)
+        return shards
     return expand_listings(expand_urls(spec))
 
 

@@ -44,7 +44,8 @@ def expand_listings(urls: List[str]) -> List[str]:
     for url in urls:
         if not needs_listing(url):
             result.append(url)
-        elif url.startswith("s3://"):
+            continue
+        if url.startswith("s3://"):
             from .loop import run_coroutine
             from .s3 import s3_list
 
@@ -52,11 +53,14 @@ def expand_listings(urls: List[str]) -> List[str]:
             # A prefix holds what `shardstream create` writes beside the shards (sizes.json,
             # .idx files): its shards are the objects a folder's listing would keep. A glob
             # names its objects itself.
-            result.extend(keys if any(c in url[5:] for c in _GLOB) else [k for k in keys if _is_shard_name(k)])
+            found = keys if any(c in url[5:] for c in _GLOB) else [k for k in keys if _is_shard_name(k)]
         else:
             path = local_path_of(url) or url
             globbed = any(c in path for c in _GLOB)
-            result.extend(sorted(glob.glob(path)) if globbed else folder_shards(path))
+            found = sorted(glob.glob(path)) if globbed else folder_shards(path)
+        if not found:  # (a typo in a spec, or a `::` source of a mix, must not pass as no data)
+            raise ShardNotFound("no shards match this glob or folder", url=url)
+        result.extend(found)
     return result
 
 
