@@ -464,6 +464,8 @@ class WebLoader(DataPipeline, FluidInterface):
         return {
             "format": STATE_FORMAT, "fingerprint": fingerprint(self._fingerprinted()),
             "epoch": self._dataset.epoch,
+            # set by hand (it then stays for every iteration until set again), or counted
+            "epoch_set": bool(pending.get("epoch_set")) if pending is not None else self._user_epoch,
             "per_worker": {str(k): v for k, v in counts.items()},
             "positions": {str(k): v for k, v in positions.items() if v is not None},
             "layout": self._dataset.layout(self._workers()),
@@ -516,5 +518,7 @@ class WebLoader(DataPipeline, FluidInterface):
             self._worker_pass = int(state.get("passes") or 0)  # the resumed pass runs next
         self._pending = state
         self._loader_split = state.get("split")
+        if state.get("epoch_set") and state.get("epoch") is not None:
+            self.set_epoch(int(state["epoch"]))  # it stays, as it did in the saved run (the same epoch: kept pending)
 
 

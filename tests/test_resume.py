@@ -632,6 +632,26 @@ def _set_epoch(loader, epoch):
     return loader
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_set_by_hand_stays_after_a_resume_as_it_does_without_one(monkeypatch, uneven_shards, workers):
+    """set_epoch(e) holds for every iteration until it is set again; a loader resumed from a state
+    saved under it holds it too (with workers, its later iterations counted on from e instead)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    through = _set_epoch(_elastic_loader(uneven_shards, workers, shuffle=10), 3)
+    epoch3 = _keys(list(through))
+    assert _keys(list(through)) == epoch3  # (it stays)
+    loader = _set_epoch(_elastic_loader(uneven_shards, workers, shuffle=10), 3)
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    state = loader.state_dict()
+    del it
+    resumed = _elastic_loader(uneven_shards, workers, shuffle=10)
+    resumed.load_state_dict(state)
+    assert _keys(head) + _keys(list(resumed)) == epoch3
+    assert _keys(list(resumed)) == epoch3
+
+
 @pytest.mark.parametrize("engine", [True, False])
 def test_resume_in_a_later_with_epoch_pass_keeps_per_pass_shuffles(shardset, engine):
     """with_epoch runs several passes; detshuffle and seeded shuffles count them. A resume in
