@@ -107,6 +107,17 @@ def test_extract_refuses_paths_outside_the_target(tmp_path, capsys):
     assert (dest / "s0001.cls").read_bytes() == b"1"
 
 
+def test_extract_refuses_a_member_that_would_overwrite_an_earlier_one(tmp_path, capsys):
+    """Two members of one name: the loader and verify refuse the shard; extract said "extracted 2
+    members" and kept the second one's bytes."""
+    dup = write_tar(str(tmp_path / "dup.tar"), [("a.txt", b"first"), ("a.txt", b"second")])
+    dest = tmp_path / "out"
+    assert main(["extract", dup, str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert "duplicate file name" in err and "member='a.txt'" in err and "offset=1024" in err
+    assert (dest / "a.txt").read_bytes() == b"first"
+
+
 def test_prepare_packs_a_directory_webdataset_can_read(tmp_path, capsys):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

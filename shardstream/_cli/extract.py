@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .._base.errors import UsageError
+from .._base.errors import FormatError, UsageError
 from .._shard.members import iter_members
 from .._shard.origin import open_origin
 from ._common import say
@@ -24,6 +24,7 @@ def safe_target(root: str, name: str) -> str:
 def cmd_extract(args) -> int:
     os.makedirs(args.dest, exist_ok=True)
     count = left_out = 0
+    written = set()  # targets of this shard's members: a second member of one name is an error
 
     def other(name: str, kind: str, offset: int) -> None:  # links are never followed or made
         nonlocal left_out
@@ -35,6 +36,10 @@ def cmd_extract(args) -> int:
             shown = name.replace("\0", "\\0")
             raise UsageError("member name holds a NUL byte", url=args.url, member=shown, offset=offset)
         target = safe_target(args.dest, name)
+        if target in written:  # (the loader refuses the shard for it too)
+            raise FormatError("duplicate file name in tar file: extracting it would overwrite the first",
+                              url=args.url, member=name, offset=offset)
+        written.add(target)
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "wb") as f:
