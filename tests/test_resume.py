@@ -632,6 +632,30 @@ def _set_epoch(loader, epoch):
     return loader
 
 
+def test_each_worker_orders_its_shards_afresh_every_epoch(monkeypatch, uneven_shards):
+    """shardshuffle=N runs after the worker split: epoch 0 is webdataset's order (every worker's
+    shuffle seeded alike), later epochs are seeded per worker too. Seeded alike, two workers put
+    their shards in the same positions every epoch, and whole epochs repeated (3 of 6 here)."""
+    urls = uneven_shards[:6]
+    monkeypatch.setenv("NUM_WORKERS", "2")
+
+    def order(worker, epoch):
+        monkeypatch.setenv("WORKER", str(worker))
+        ds = wds.WebDataset(urls, shardshuffle=100, seed=5, nodesplitter=None)
+        ds.set_epoch(epoch)
+        return list(dict.fromkeys(s["__url__"] for s in ds))
+
+    def positions(shards):  # the permutation a worker applied to its own shards
+        return [sorted(shards).index(u) for u in shards]
+
+    epochs = {e: (order(0, e), order(1, e)) for e in range(6)}
+    first = epochs[0]
+    assert positions(first[0]) == positions(first[1])  # epoch 0: webdataset's (one seed for all)
+    assert {u for w in first for u in w} == set(urls)
+    assert len({tuple(a + b) for a, b in epochs.values()}) == 6  # no epoch repeats another
+    assert any(positions(a) != positions(b) for a, b in list(epochs.values())[1:])
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_epoch_set_by_hand_stays_after_a_resume_as_it_does_without_one(monkeypatch, uneven_shards, workers):
     """set_epoch(e) holds for every iteration until it is set again; a loader resumed from a state

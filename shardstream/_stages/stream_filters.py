@@ -134,8 +134,11 @@ class _EpochShuffle(PipelineStage):
 
 class ShardShuffle(_EpochShuffle):
     """`WebDataset(shardshuffle=N)`'s shard shuffle: webdataset 1.0.2's order in epoch 0
-    (`shuffle(N, seed=seed)`), then a new order every epoch, seeded by (seed, epoch). webdataset
-    seeds every pass alike, so its shard order repeats every epoch (and `set_epoch` cannot change it)."""
+    (`shuffle(N, seed=seed)`), then a new order every epoch, seeded by (seed, epoch, rank,
+    worker). webdataset seeds every pass alike, so its shard order repeats every epoch (and
+    `set_epoch` cannot change it). It runs after the worker split, on each worker's own shards:
+    seeded alike, every worker would put its shards in the same positions each epoch (with 3
+    shards a worker, 2 workers repeated a whole epoch's order in 3 of 6 epochs)."""
 
     resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch)
 
@@ -144,7 +147,10 @@ class ShardShuffle(_EpochShuffle):
 
     def _rng(self, epoch: int) -> random.Random:
         # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
-        return random.Random(self.seed) if epoch == 0 else random.Random(f"shardstream-shards/{self.seed}/{epoch}")
+        if epoch == 0:
+            return random.Random(self.seed)
+        rank, _world, worker, _workers = pytorch_worker_info()
+        return random.Random(f"shardstream-shards/{self.seed}/{epoch}/{rank}/{worker}")
 
     def __repr__(self) -> str:  # (webdataset's tests find the stage by "shuffle" in its str)
         return f"<shard shuffle({self.bufsize}, seed={self.seed!r})>"
