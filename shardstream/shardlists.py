@@ -203,14 +203,15 @@ class ResampledShards(IterableDataset):
         else:
             seed = utils.make_seed(self.worker_seed(), self.epoch, self.seed, os.getpid(), time.time_ns(), os.urandom(4))
         self.rng = random.Random(seed)
+        drawn_from = self._drawn_from()
         if self.weights is not None:
             cumulative = list(itertools.accumulate(self.weights))
             for _ in range(self.nshards):
-                yield Draw(self.rng.choices(self.urls, cum_weights=cumulative)[0], self._drawn_from)
+                yield Draw(self.rng.choices(self.urls, cum_weights=cumulative)[0], drawn_from)
             return
         for _ in range(self.nshards):
             index = self.rng.randint(0, len(self.urls) - 1)
-            yield Draw(self.urls[index], self._drawn_from)
+            yield Draw(self.urls[index], drawn_from)
 
 
     def _exact(self) -> Iterator[dict]:
@@ -220,12 +221,12 @@ class ResampledShards(IterableDataset):
         shards = [Shard(url, count, weight, source)
                   for url, count, weight, source in zip(self.urls, known_counts(self.urls), weights, self.sources)]
         draws = ShardScheduler(shards, SchedulerConfig(seed=seed, mode="resampled")).iter_exact(self.epoch, rank, worker)
+        drawn_from = self._drawn_from()
         for piece in itertools.islice(draws, self.nshards):
-            yield Draw(piece.url, self._drawn_from)
+            yield Draw(piece.url, drawn_from)
 
-    @property
     def _drawn_from(self) -> int:
-        """The shards a draw can pick (a zero weight: never)."""
+        """The shards a draw can pick (a zero weight: never); counted once a pass, not per draw."""
         if self.weights is None:
             return len(set(self.urls))
         return len({url for url, weight in zip(self.urls, self.weights) if weight > 0})

@@ -326,9 +326,9 @@ def test_each_origin_has_its_own_measurements(tmp_path, monkeypatch):
     assert near_tuning is not far_tuning and len(parts._tunings) == 2
     assert near_tuning.ttfb < 0.1 <= far_tuning.ttfb
     assert far_tuning.latency > near_tuning.latency + 0.1
-    assert parts._origin("http://user:secret@Example.COM:8080/a/b.tar?x=1") == "http://example.com:8080"
-    assert parts._origin("s3://bucket/key/shard.tar") == "s3://bucket"
-    assert parts._origin("https://host?X-Amz-Signature=abc") == "https://host"  # no query in the key
+    assert parts.origin_of("http://user:secret@Example.COM:8080/a/b.tar?x=1") == "http://example.com:8080"
+    assert parts.origin_of("s3://bucket/key/shard.tar") == "s3://bucket"
+    assert parts.origin_of("https://host?X-Amz-Signature=abc") == "https://host"  # no query in the key
 
 
 def test_a_window_widens_only_for_a_part_it_held_back():

@@ -234,8 +234,9 @@ class VerifiedFile:
                 end = min(size, offset + block_size)
                 # Touching a mapped page past the file's end is a SIGBUS, which kills the process:
                 # a file cut short in place (by someone else) is seen here, block by block.
-                if fd is not None and os.fstat(fd).st_size < end:
-                    raise self.failed(offset, f"the file shrank to {os.fstat(fd).st_size} bytes while it was read")
+                now = os.fstat(fd).st_size if fd is not None else end
+                if now < end:
+                    raise self.failed(offset, f"the file shrank to {now} bytes while it was read")
                 if block_digest(view[offset:end]) != crcs[offset // block_size]:  # type: ignore[index]
                     raise self.failed(offset, f"digest mismatch in bytes {offset}-{end - 1}")
                 offset = self.checked = end

@@ -26,6 +26,7 @@ liveness and locks are in `naming.py`, the writer thread and followers in `share
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
 import logging
 import os
@@ -33,7 +34,7 @@ import secrets
 import stat
 import threading
 import time
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 from filelock import FileLock, Timeout
 
@@ -127,6 +128,16 @@ class DiskTier:
             self._unlockable: set = set()  # URLs whose lock file could not be made at the last try
         return self._mutex
 
+    @contextlib.contextmanager
+    def _evict_lock(self) -> Iterator[None]:
+        """The node-wide evict lock, with this process's commit mutex: every commit, listing,
+        eviction and ledger update holds it (raises filelock's Timeout after `lock_timeout`)."""
+        self._local()
+        with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
+            timeout=self.lock_timeout, poll_interval=self.poll_interval
+        ):
+            yield
+
     @property
     def pending(self) -> PendingCommits:
         """This process's commits in progress on writer threads (`DiskWriter.commit_soon`)."""
@@ -202,10 +213,7 @@ class DiskTier:
         the next commit would count it and evict good files to make room for it."""
         self._remove(path)
         try:
-            self._local()
-            with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
-                timeout=self.lock_timeout, poll_interval=self.poll_interval
-            ):
+            with self._evict_lock():
                 usage = read_usage(self._usage_path)
                 if usage is not None:
                     write_usage(self._usage_path, usage._replace(total=max(0, usage.total - size)))
@@ -388,10 +396,7 @@ class DiskTier:
         meta = self._meta_path(path)
         meta_temp = f"{meta}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
-            self._local()
-            with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
-                timeout=self.lock_timeout, poll_interval=self.poll_interval
-            ):
+            with self._evict_lock():
                 self._account(size, path)
                 with open(meta_temp, "w") as f:
                     write_record(f, size, _url_digest(url), digest.block_size, digest.finish())
@@ -413,10 +418,7 @@ class DiskTier:
     def cleanup(self) -> None:
         """Delete temp files of dead processes on this host and orphan sidecars; enforce the bound."""
         try:
-            self._local()
-            with self._commit_mutex, _file_lock(os.path.join(self._lock_dir, ".evict")).acquire(
-                timeout=self.lock_timeout, poll_interval=self.poll_interval
-            ):
+            with self._evict_lock():
                 self._scan()
         except (OSError, Timeout) as exn:
             logger.warning("cache cleanup of %s failed: %s", self.cache_dir, exn)

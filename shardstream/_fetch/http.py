@@ -12,7 +12,6 @@ import asyncio
 import logging
 import re
 import time
-import urllib.parse
 from email.utils import parsedate_to_datetime
 from typing import AsyncGenerator, Callable, Optional, Tuple
 
@@ -26,6 +25,7 @@ from .options import FetchOptions, note_fetch, note_size
 from .environ import origin_settings
 from .loop import get_session
 from .lowat import LowWater
+from .parts import origin_of
 
 __all__ = ["http_stream", "translate_error"]
 
@@ -203,7 +203,7 @@ class _Transfer:
         size = self.total if self.total is not None else self.known_size
         if size is not None and _stated_size(resp) == size and self.other_copies < OTHER_COPY_ASKS:
             self.other_copies += 1
-            origin = _origin_of(self.url)
+            origin = origin_of(self.url)
             if origin not in _told_other_copies:
                 _told_other_copies.add(origin)
                 logger.warning("%s: a response tags the object differently (%s) at the same size: another server's "
@@ -223,18 +223,13 @@ def _validated(transfer: _Transfer) -> bool:
     a broken transfer still relies on the size alone). Said once per server."""
     if transfer.etag or transfer.last_modified:
         return True
-    origin = _origin_of(transfer.url)
+    origin = origin_of(transfer.url)
     if origin not in _told_no_validator:
         _told_no_validator.add(origin)
         logger.warning("%s gives no ETag or Last-Modified, which would show that the parts of a shard come from one "
                        "version of it: its shards are read over one connection each (said once per server)",
                        redact_url(origin))
     return False
-
-
-def _origin_of(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 def _timeout(options: FetchOptions) -> aiohttp.ClientTimeout:

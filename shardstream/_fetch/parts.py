@@ -59,7 +59,7 @@ from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Tuple
 from .._base.errors import FetchError
 from .options import fetch_stats
 
-__all__ = ["Demand", "PartBudget", "demand", "parallel_stream", "part_budget", "tuning_for"]
+__all__ = ["Demand", "PartBudget", "demand", "origin_of", "parallel_stream", "part_budget", "tuning_for"]
 
 MIN_PART = 512 << 10  # smaller parts cost more requests than they save in memory
 MAX_PART = 8 << 20
@@ -130,7 +130,7 @@ _tunings: "collections.OrderedDict[str, _Tuning]" = collections.OrderedDict()
 MAX_ORIGINS = 256
 
 
-def _origin(url: str) -> str:
+def origin_of(url: str) -> str:
     """Where `url`'s bytes come from, as the tuning tells origins apart: its scheme, host and port
     (an S3 URL's bucket), never its credentials, path or query."""
     split = urllib.parse.urlsplit(url)
@@ -143,7 +143,7 @@ def _origin(url: str) -> str:
 
 def tuning_for(url: str) -> _Tuning:
     """The measurements of `url`'s origin (fresh ones for an origin not seen yet)."""
-    origin = _origin(url)
+    origin = origin_of(url)
     tuning = _tunings.get(origin)
     if tuning is None:
         tuning = _tunings[origin] = _Tuning()
