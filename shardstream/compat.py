@@ -26,7 +26,7 @@ from ._cache.shardcache import cache_from_options
 from ._resume.equal_split import EqualSplit
 from ._stages.resumable import declare, traits
 from ._resume.statecheck import STATE_FORMAT, fingerprint
-from ._stages.stream_filters import SeededShuffle, ShardShuffle, check_batchsize
+from ._stages.stream_filters import SeededShuffle, ShardShuffle, ShardSpread, check_batchsize
 from ._loader.subprocess import SubprocessLoader
 from ._base.lazytorch import DataLoader, release_workers
 from .filters import pipelinefilter
@@ -203,6 +203,9 @@ class WebDataset(DataPipeline, FluidInterface):
             # Equal samples per rank, a new shard order every epoch, the same on all ranks.
             split_seed = seed if seed is not None else int(os.environ.get("WDS_SEED", 0))
             nodesplitter = EqualSplit(seed=int(split_seed), shuffle=bool(shardshuffle))
+        if shardshuffle and mode != "resampled" and not isinstance(nodesplitter, EqualSplit):
+            # later epochs give each worker new shards, not the same ones reordered
+            self.append(ShardSpread(self.seed, shared=self.sample_seed is not None))
         if nodesplitter is not None:
             self.append(nodesplitter)
         if workersplitter:

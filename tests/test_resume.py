@@ -656,6 +656,75 @@ def test_each_worker_orders_its_shards_afresh_every_epoch(monkeypatch, uneven_sh
     assert any(positions(a) != positions(b) for a, b in list(epochs.values())[1:])
 
 
+def test_each_worker_reads_other_shards_every_epoch(monkeypatch, uneven_shards):
+    """shardshuffle=N: epoch 0 splits the list as webdataset does (worker k: shards k, k+2, ...);
+    later epochs spread the whole list in a new order (seeded by seed and epoch, alike in every
+    worker) before the split, so each worker gets other shards, not the same ones reordered,
+    and together the workers still read every shard once."""
+    urls = uneven_shards[:6]
+    monkeypatch.setenv("NUM_WORKERS", "2")
+
+    def shards(worker, epoch):
+        monkeypatch.setenv("WORKER", str(worker))
+        ds = wds.WebDataset(urls, shardshuffle=100, seed=5, nodesplitter=None)
+        ds.set_epoch(epoch)
+        return list(dict.fromkeys(s["__url__"] for s in ds))
+
+    subsets = []
+    for epoch in range(6):
+        first, second = shards(0, epoch), shards(1, epoch)
+        assert sorted(first + second) == sorted(urls)  # every shard, once
+        subsets.append(frozenset(first))
+    assert subsets[0] == set(urls[0::2])  # webdataset's split
+    assert len(set(subsets)) >= 4  # 20 possible subsets of 3; fixed before: 1
+
+
+def _url_and_worker(sample):
+    import torch
+
+    return sample["__url__"], torch.utils.data.get_worker_info().id
+
+
+def test_webloader_workers_read_other_shards_every_epoch(uneven_shards):
+    """The same through real DataLoader workers, fresh copies every epoch: the WebLoader's epochs
+    reach them."""
+    urls = uneven_shards[:6]
+    loader = wds.WebLoader(wds.WebDataset(urls, shardshuffle=100, seed=5).map(_url_and_worker), batch_size=None,
+                           num_workers=2)
+    subsets = set()
+    for _epoch in range(3):
+        by_worker: dict = {0: set(), 1: set()}
+        for url, worker in loader:
+            by_worker[worker].add(url)
+        assert by_worker[0] | by_worker[1] == set(urls)
+        assert not by_worker[0] & by_worker[1]
+        subsets.add(frozenset(by_worker[0]))
+    assert len(subsets) > 1
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_ranks_spread_shards_only_on_a_seed_they_share(monkeypatch, uneven_shards, seed):
+    """With a node splitter of the user's at world size 2, the ranks must agree on the spread:
+    with a seed chosen by the user they do (and read new shards every epoch); with a seed drawn
+    per process they could not, so the list is split as it stands, as in epoch 0."""
+    urls = uneven_shards[:6]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("WDS_SEED", raising=False)
+
+    def shards(rank, epoch):
+        monkeypatch.setenv("RANK", str(rank))
+        ds = wds.WebDataset(urls, shardshuffle=100, seed=seed, nodesplitter=lambda src: wds.split_by_node(src))
+        ds.set_epoch(epoch)
+        return list(dict.fromkeys(s["__url__"] for s in ds))
+
+    subsets = set()
+    for epoch in range(4):
+        first, second = shards(0, epoch), shards(1, epoch)
+        assert sorted(first + second) == sorted(urls)  # disjoint, complete
+        subsets.add(frozenset(first))
+    assert (len(subsets) > 1) == (seed is not None)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_epoch_set_by_hand_stays_after_a_resume_as_it_does_without_one(monkeypatch, uneven_shards, workers):
     """set_epoch(e) holds for every iteration until it is set again; a loader resumed from a state
@@ -883,6 +952,8 @@ HARNESS = {
     "SeededShuffle": ["test_resume_direct[seeded_sample_shuffle]"],
     "detshuffle": ["test_resume_direct[detshuffle]"],
     "ShardShuffle": ["test_resume_direct[shard_shuffle]", "test_resume_in_a_later_automatic_epoch"],
+    "ShardSpread": ["test_resume_direct[shard_shuffle]", "test_resume_in_a_later_automatic_epoch",
+                    "test_each_worker_reads_other_shards_every_epoch"],
     "RandomMix": ["test_resume_direct[random_mix]"],
     "ResampledShards": ["test_resampled_with_a_seed_is_reproducible_and_resumable"],
     "_batched": ["test_resume_direct[partial_batches]"],

@@ -29,6 +29,7 @@ __all__ = [
     "Cached",
     "SeededShuffle",
     "ShardShuffle",
+    "ShardSpread",
     "combine_values",
     "default_collation_fn",
     "detshuffle",
@@ -104,29 +105,40 @@ class detshuffle(PipelineStage):
         return self.run(src)
 
 
-class _EpochShuffle(PipelineStage):
-    """A shuffle buffer whose draws depend on the epoch: `set_epoch(e)`, else its passes count
-    0, 1, ...; subclasses say how the epoch seeds it (`_rng`)."""
+class _ByEpoch(PipelineStage):
+    """A stage whose pass depends on the epoch: `set_epoch(e)`, else its passes count 0, 1, ..."""
 
-    name = "shuffle"
-
-    def __init__(self, bufsize: int, initial: int, seed: Any) -> None:
-        self.bufsize = bufsize
-        self.initial = initial
-        self.seed = seed
+    def __init__(self) -> None:
         self.epoch: Optional[int] = None
         self.passes = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _next_epoch(self) -> int:
+        """The epoch of the pass starting now (called once per pass, when it starts)."""
+        epoch = self.epoch if self.epoch is not None else self.passes
+        self.passes += 1
+        return epoch
+
+
+class _EpochShuffle(_ByEpoch):
+    """A shuffle buffer whose draws depend on the epoch; subclasses say how the epoch seeds it
+    (`_rng`)."""
+
+    name = "shuffle"
+
+    def __init__(self, bufsize: int, initial: int, seed: Any) -> None:
+        super().__init__()
+        self.bufsize = bufsize
+        self.initial = initial
+        self.seed = seed
+
     def _rng(self, epoch: int) -> random.Random:  # pragma: no cover - subclasses override
         raise NotImplementedError
 
     def run(self, src):
-        epoch = self.epoch if self.epoch is not None else self.passes
-        self.passes += 1
-        return _shuffle(src, self.bufsize, self.initial, self._rng(epoch))
+        return _shuffle(src, self.bufsize, self.initial, self._rng(self._next_epoch()))
 
     def __call__(self, src):
         return self.run(src)
@@ -154,6 +166,44 @@ class ShardShuffle(_EpochShuffle):
 
     def __repr__(self) -> str:  # (webdataset's tests find the stage by "shuffle" in its str)
         return f"<shard shuffle({self.bufsize}, seed={self.seed!r})>"
+
+
+class ShardSpread(_ByEpoch):
+    """`WebDataset(shardshuffle=N)`'s shard order before the node and worker splits: epoch 0
+    passes the list as it is (webdataset's split), every later epoch puts the whole list in a new
+    order seeded by (seed, epoch), the same in every worker. The splits after it then hand each
+    worker a new subset of the shards every epoch; without it worker k reads the same shards in
+    every epoch (only reordered by the shard shuffle after the split), so the samples a batch can
+    mix never change.
+
+    Ranks must agree on the order, so at world size > 1 it runs only with `shared` (a seed the
+    user chose, the same on every rank); otherwise it passes the list as it is."""
+
+    name = "shard spread"
+    resume_traits = ResumeTraits(replayable=True)  # the same order again for the same (seed, epoch)
+
+    def __init__(self, seed: Any, shared: bool) -> None:
+        super().__init__()
+        self.seed = seed
+        self.shared = shared
+
+    def run(self, src):
+        epoch = self._next_epoch()
+        if epoch == 0 or (not self.shared and pytorch_worker_info()[1] > 1):
+            return iter(src)
+        return self._spread(src, random.Random(f"shardstream-spread/{self.seed}/{epoch}"))
+
+    @staticmethod
+    def _spread(src, rng: random.Random):
+        shards = list(src)
+        rng.shuffle(shards)
+        yield from shards
+
+    def __call__(self, src):
+        return self.run(src)
+
+    def __repr__(self) -> str:
+        return f"<shard spread(seed={self.seed!r}, shared={self.shared})>"
 
 
 class SeededShuffle(_EpochShuffle):
