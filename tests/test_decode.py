@@ -685,3 +685,23 @@ def test_decoding_error_names_the_reason_and_keeps_it_across_pickling():
     assert copy.reason == error.reason and str(copy) == str(error)
     ours = sa.DecodingError("u", "k", "f")  # webdataset's positional form still fits ours
     assert (ours.url, ours.key, ours.k, ours.reason) == ("u", "k", "f", None)
+
+
+@pytest.mark.parametrize("edit", ["replace", "in place"])
+def test_a_handlers_extensions_edited_between_samples_take_effect(edit):
+    """The decoder remembers which handlers may match each field name; webdataset asks every
+    handler every time, so a handler whose `extensions` change must be asked again."""
+    buffer = io.BytesIO()
+    PIL.Image.new("RGB", (4, 3)).save(buffer, "JPEG")
+    sample = {"__key__": "a", "jpg": buffer.getvalue()}
+    results = []
+    for module in (wa, sa):
+        handler = module.ImageHandler("l8", ["png"])
+        decoder = module.Decoder([handler])
+        before = decoder(dict(sample))["jpg"]
+        if edit == "replace":
+            handler.extensions = {"jpg", "png"}
+        else:
+            handler.extensions.append("jpg") if isinstance(handler.extensions, list) else handler.extensions.add("jpg")
+        results.append((type(before), type(decoder(dict(sample))["jpg"])))
+    assert results[0] == results[1] == (bytes, np.ndarray)

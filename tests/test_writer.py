@@ -127,11 +127,13 @@ def test_tar_is_byte_identical_to_webdataset_with_fixed_mtime():
 
 def test_members_and_headers_match_webdataset_with_live_mtime():
     options = dict(user="alice", group="staff", mode=0o640, keep_meta=True)
-    ours, theirs, _ = write_both(make_samples(2), **options)
+    # (with keep_meta, a __url__ field is refused: the reader sets it; see test_keep_meta_refuses_...)
+    samples = [{k: v for k, v in s.items() if k != "__url__"} for s in make_samples(2)]
+    ours, theirs, _ = write_both(samples, **options)
     # Live mtimes are floats: both write them in PAX headers; the times themselves differ.
     assert_same_members(ours, theirs, fields=HEADER_FIELDS)
     names = [info.name for info, _ in members(ours)]
-    assert "dir/sample0000.__url__" in names and "dir/sample0000._private" in names
+    assert "dir/sample0000._private" in names
     info = members(ours)[0][0]
     assert (info.uname, info.gname, info.mode, info.uid) == ("alice", "staff", 0o640, 0)
     assert "mtime" in info.pax_headers
@@ -390,8 +392,10 @@ def test_shardwriter_logs_instead_of_printing(tmp_path, capsys, caplog):
     ({"__key__": "", "cls": b"1"}, "non-empty"),
     ({"__key__": "a\0b", "cls": b"1"}, "NUL"),
     ({"__key__": "dir/img.jpg", "cls": b"1"}, "'.' in it"),
-    ({"__key__": "k", "": b"1"}, "field name ''"),
+    ({"__key__": "k", "": b"1"}, "non-empty strings, got ''"),
     ({"__key__": "k", "txt": b"a", "TXT": b"b"}, "read back as one"),
+    ({"__key__": "__c__/d", "txt": b"1"}, "meta member"),
+    ({"__key__": "__a", "txt__": b"1"}, "meta member"),
 ])
 def test_names_a_reader_would_not_read_back_are_refused(tmp_path, sample, message):
     """webdataset writes these, and its reader (and ours) then cuts the key at the '.', drops
@@ -402,3 +406,34 @@ def test_names_a_reader_would_not_read_back_are_refused(tmp_path, sample, messag
             sink.write(sample)
         sink.write({"__key__": "dir/ok", "cls": b"1", "TXT": b"upper"})
     assert [(s["__key__"], s["txt"]) for s in wds.WebDataset(path, shardshuffle=False)] == [("dir/ok", b"upper")]
+
+
+def test_names_are_checked_as_the_encoder_returns_them(tmp_path):
+    """An encoder may rename: one that mends a key is written as webdataset writes it, one that
+    breaks a key is refused (the check runs on what is written, not on what was passed)."""
+    def mend(sample):
+        return {k: (v.replace(".", "_") if k == "__key__" else v.encode()) for k, v in sample.items()}
+
+    def spoil(sample):
+        return {k: (v + ".v2" if k == "__key__" else v.encode()) for k, v in sample.items()}
+
+    path = str(tmp_path / "out.tar")
+    with sw.TarWriter(path, encoder=mend) as sink:
+        sink.write({"__key__": "img.001", "txt": "a"})
+    assert [s["__key__"] for s in wds.WebDataset(path, shardshuffle=False)] == ["img_001"]
+    with sw.TarWriter(str(tmp_path / "spoilt.tar"), encoder=spoil) as sink:
+        with pytest.raises(UsageError, match="'.' in it"):
+            sink.write({"__key__": "a", "txt": "b"})
+
+
+def test_keep_meta_refuses_the_fields_the_reader_sets(tmp_path):
+    """Samples read from a shard carry __url__ and __local_path__; written back with keep_meta,
+    they would clash with what the reader sets (our reader refuses the shard as a duplicate)."""
+    source = str(tmp_path / "src.tar")
+    with sw.TarWriter(source) as sink:
+        sink.write({"__key__": "a", "txt": "x", "_note": "kept"})
+    sample = next(iter(wds.WebDataset(source, shardshuffle=False)))
+    with sw.TarWriter(str(tmp_path / "out.tar"), keep_meta=True) as sink:
+        with pytest.raises(UsageError, match="'__url__' is one the reader sets"):
+            sink.write(sample)
+        sink.write({k: v for k, v in sample.items() if k not in ("__url__", "__local_path__")})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gzip
 import logging
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from .audio import AudioHandler
 from .basic import basichandlers, pickle_setting
@@ -114,6 +114,13 @@ default_post_handlers: List[Handler] = [basichandlers]
 _OWN_HANDLERS = (ImageHandler, _ExtensionHandler, FusedImageHandler, VideoHandler, AudioHandler)
 
 
+def _extension_sets(handlers: List[Handler]) -> List[Tuple[Any, FrozenSet[str]]]:
+    """(handler, a copy of its `extensions`) for the handlers whose `accepts` reads that
+    attribute: a user may replace or edit it between samples."""
+    return [(h, frozenset(h.extensions)) for h in handlers
+            if type(h) in _OWN_HANDLERS and type(h) is not _ExtensionHandler]
+
+
 def _may_match(handler: Handler, key: str) -> bool:
     # Only handlers whose matching rule we own can be skipped; any other callable must be asked.
     if handler is basichandlers:
@@ -199,12 +206,17 @@ class Decoder:
         self.allow_pickle = allow_pickle
         self._plans: Dict[str, Tuple[Tuple[int, Handler], ...]] = {}
         self._planned_for = list(self.handlers)
+        self._planned_extensions = _extension_sets(self._planned_for)
 
     def _refresh_plans(self) -> None:
-        # Someone may have edited self.handlers; then the cached plans no longer apply.
-        if self.handlers != self._planned_for:
+        # Someone may have edited self.handlers, or a handler's `extensions` (webdataset reads
+        # them on every call); then the cached plans no longer apply.
+        if self.handlers != self._planned_for or any(
+            handler.extensions != extensions for handler, extensions in self._planned_extensions
+        ):
             self._plans = {}
             self._planned_for = list(self.handlers)
+            self._planned_extensions = _extension_sets(self._planned_for)
 
     def _plan(self, key: str) -> Tuple[Tuple[int, Handler], ...]:
         plan = self._plans.get(key)

@@ -28,6 +28,7 @@ from urllib.request import url2pathname
 
 from .encode import make_encoder
 from .._base.errors import UsageError
+from .._tar.keys import is_meta
 from .._fetch.pipe import open_pipe
 
 __all__ = ["ShardWriter", "TarWriter", "open_destination"]
@@ -72,10 +73,14 @@ def _tar_format(format: Any) -> Optional[int]:  # noqa: A002 - webdataset's opti
     return format
 
 
+# Set by the reader on every sample: a member of that name would clash with it when read.
+_READER_FIELDS = frozenset(("__key__", "__url__", "__local_path__"))
+
+
 def _check_names(key: Any, fields: List[str]) -> None:
     """Refuse a sample whose members a reader would not read back as written (webdataset writes
-    them): the reader's key is the member name up to the first "." of its last path part, and
-    its field names are lower-cased."""
+    them): the reader's key is the member name up to the first "." of its last path part, its
+    field names are lower-cased, and it skips webdataset's meta members (`__x__`, `__x__/...`)."""
     if not isinstance(key, str) or not key or "\0" in key:
         raise UsageError(f"sample key {key!r}: want a non-empty string without NUL")
     if "." in key.rpartition("/")[2]:
@@ -88,6 +93,12 @@ def _check_names(key: Any, fields: List[str]) -> None:
         if field.lower() in seen:
             raise UsageError(f"sample {key!r}: fields {seen[field.lower()]!r} and {field!r} read back as one "
                              "(field names are lower-cased when read)")
+        if is_meta(f"{key}.{field}"):
+            raise UsageError(f"sample {key!r}: member {key}.{field} reads as a meta member (a name that starts "
+                             "and ends with '__', or a '__x__/' folder), which readers skip")
+        if field.lower() in _READER_FIELDS:
+            raise UsageError(f"sample {key!r}: field {field!r} is one the reader sets itself; drop it before "
+                             "writing (a sample read from a shard carries it)")
         seen[field.lower()] = field
 
 
@@ -167,14 +178,18 @@ class TarWriter:
 
         Raises:
             UsageError: no `__key__`, a field that is not bytes after encoding, or names that would
-                not read back as written (an empty key, a "." in the key, fields that differ only
+                not read back as written, checked on what the encoder returns (an empty key, a
+                "." in the key, a meta member name, a field the reader sets, fields that differ only
                 in case; webdataset writes them).
         """
-        if "__key__" in obj:  # (before the encoder, which indexes field names)
-            _check_names(obj["__key__"], [k for k in obj if k != "__key__" and (self.keep_meta or k[:1] != "_")])
+        odd = [k for k in obj if not isinstance(k, str) or not k]
+        if odd:  # (before the encoder, which indexes field names)
+            raise UsageError(f"sample {obj.get('__key__')!r}: field names must be non-empty strings, got {odd[0]!r}")
         obj = self.encoder(obj)
         if "__key__" not in obj:
             raise UsageError("object must contain a __key__")
+        # (the names written: an encoder may rename fields, or the key)
+        _check_names(obj["__key__"], [k for k in obj if k != "__key__" and (self.keep_meta or k[:1] != "_")])
         for k, v in list(obj.items()):
             if k[0] != "_" and not isinstance(v, _BYTES_LIKE):
                 raise UsageError(f"{k} doesn't map to a bytes after encoding ({type(v)})")
