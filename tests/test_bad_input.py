@@ -269,3 +269,28 @@ def test_resampled_draws_from_shards_that_all_fail_end_with_an_error(shards, han
         warnings.simplefilter("ignore")
         samples = list(ds)
     assert len(samples) == 40 and all(s["__key__"] in {f"s{i:04d}" for i in range(5)} for s in samples)
+
+
+@pytest.mark.parametrize("option", ["rename_files", "select_files", "rename_files returns None"])
+def test_a_file_callbacks_error_names_the_member_and_shard(tmp_path, option):
+    """rename_files and select_files know nothing of the shard: their error carries a note naming
+    the member, its offset and the URL (a rename_files that returns None says so, instead of an
+    AttributeError from inside the reader); under a continuing handler the member is skipped."""
+    path = write_tar(str(tmp_path / "cb.tar"), [("s0.txt", b"a"), ("s0.json", b"{}"), ("s1.txt", b"b")])
+
+    def boom(name):
+        if name.endswith(".json"):
+            raise ZeroDivisionError("boom")
+        return name if option == "rename_files" else True
+
+    callbacks = {"rename_files": {"rename_files": boom}, "select_files": {"select_files": boom},
+                 "rename_files returns None": {"rename_files": lambda n: None if n.endswith(".json") else n}}[option]
+    with pytest.raises(Exception) as info:
+        list(wds.WebDataset(path, shardshuffle=False, **callbacks))
+    expected = TypeError if option.endswith("None") else ZeroDivisionError
+    assert type(info.value) is expected
+    assert "shardstream: on member 's0.json' at byte 1024 of " + path in info.value.__notes__
+    if expected is TypeError:
+        assert "rename_files returned None for member 's0.json'" in str(info.value)
+    samples = list(wds.WebDataset(path, shardshuffle=False, handler=wds.ignore_and_continue, **callbacks))
+    assert [sorted(k for k in s if not k.startswith("__")) for s in samples] == [["txt"], ["txt"]]

@@ -128,3 +128,49 @@ def test_submodules_webdataset_reaches_as_attributes_are_here_too():
             )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def _keywords(fn) -> "tuple[list, bool] | None":
+    """(names a caller may pass by keyword, whether it takes **kwargs), or None (no signature)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
+    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _callables(module_name: str):
+    """(name, webdataset's callable, ours) for the module's API functions, classes' __init__ and
+    public methods."""
+    theirs = importlib.import_module(f"webdataset.{module_name}")
+    ours = importlib.import_module(f"shardstream.{module_name}")
+    for name in api_names(theirs):
+        their, our = getattr(theirs, name), getattr(ours, name, None)
+        if our is None or not callable(their):
+            continue
+        if isinstance(their, type):
+            yield f"{name}.__init__", their.__init__, getattr(our, "__init__", None)
+            for method, value in vars(their).items():
+                if not method.startswith("_") and callable(value) and hasattr(our, method):
+                    yield f"{name}.{method}", value, getattr(our, method)
+        else:
+            yield name, their, our
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_webdataset_keyword_arguments_are_accepted(module):
+    """Code that calls webdataset's functions with keyword arguments (`tenbin.encode_buffer(l=...)`,
+    `envsubst(s=...)`) runs here too: our parameters keep webdataset's names. Left out: the stream
+    parameter of webdataset's curried filters (`map(data, f)`: here stage classes take the stream
+    when called)."""
+    wrong = []
+    for name, their, our in _callables(module):
+        theirs, ours = _keywords(their), _keywords(our) if our is not None else None
+        if theirs is None or ours is None or ours[1]:
+            continue
+        curried = type(their).__name__ == "RestCurried"
+        missing = [k for i, k in enumerate(theirs[0]) if k not in ours[0] and not (curried and i == 0)]
+        if missing:
+            wrong.append(f"{module}.{name}: {missing}")
+    assert wrong == []

@@ -117,7 +117,7 @@ _OWN_HANDLERS = (ImageHandler, _ExtensionHandler, FusedImageHandler, VideoHandle
 def _extension_sets(handlers: List[Handler]) -> List[Tuple[Any, FrozenSet[str]]]:
     """(handler, a copy of its `extensions`) for the handlers whose `accepts` reads that
     attribute: a user may replace or edit it between samples."""
-    return [(h, frozenset(h.extensions)) for h in handlers
+    return [(h, frozenset(getattr(h, "extensions"))) for h in handlers
             if type(h) in _OWN_HANDLERS and type(h) is not _ExtensionHandler]
 
 

@@ -149,22 +149,23 @@ def decode_header(h: Buffer) -> Tuple[tuple, np.dtype, str]:
     return tuple(int(d) for d in fields[3 : 3 + rank]), np.dtype(short_to_long[code]), unstr64(fields[1])
 
 
-def encode_list(arrays: Sequence[np.ndarray], infos: Optional[Sequence[str]] = None) -> List[Buffer]:
-    """Header and data chunks, alternating, for a list of arrays (infos cycle if shorter)."""
+def encode_list(l: Sequence[np.ndarray], infos: Optional[Sequence[str]] = None) -> List[Buffer]:
+    """Header and data chunks, alternating, for the arrays `l` (infos cycle if shorter; the
+    parameter names are webdataset's, for keyword calls)."""
     if infos is None:
         infos = [""]
-    elif len(arrays) != len(infos):
-        raise ValueError(f"length of list {arrays} must match length of infos {infos}")
+    elif len(l) != len(infos):
+        raise ValueError(f"length of list {l} must match length of infos {infos}")
     chunks: List[Buffer] = []
-    for i, a in enumerate(arrays):
+    for i, a in enumerate(l):
         chunks += [encode_header(a, infos[i % len(infos)]), bytedata(a)]
     return chunks
 
 
-def decode_list(chunks: Sequence[Buffer], infos: Any = False) -> Any:
-    """Arrays (read-only views of the chunks) from alternating header and data chunks."""
+def decode_list(l: Sequence[Buffer], infos: Any = False) -> Any:
+    """Arrays (read-only views of the chunks) from `l`, alternating header and data chunks."""
     arrays, names = [], []
-    for header, data in zip(chunks[::2], chunks[1::2]):
+    for header, data in zip(l[::2], l[1::2]):
         shape, dtype, info = decode_header(header)
         count = 1
         for dim in shape:
@@ -174,11 +175,11 @@ def decode_list(chunks: Sequence[Buffer], infos: Any = False) -> Any:
     return check_infos(arrays, names, infos)
 
 
-def encode_chunks(chunks: Sequence[Buffer]) -> bytearray:
-    """One buffer of chunks, each with magic, length and padding to 64 bytes."""
-    out = bytearray(sum(16 + roundup(bytelen(c)) for c in chunks))
+def encode_chunks(l: Sequence[Buffer]) -> bytearray:
+    """One buffer of the chunks `l`, each with magic, length and padding to 64 bytes."""
+    out = bytearray(sum(16 + roundup(bytelen(c)) for c in l))
     offset = 0
-    for chunk in chunks:
+    for chunk in l:
         n = bytelen(chunk)
         out[offset : offset + 8] = magic_bytes
         _INT64.pack_into(out, offset + 8, n)
@@ -204,19 +205,19 @@ def decode_chunks(buf: Buffer) -> List[Buffer]:
     return chunks
 
 
-def encode_buffer(arrays: List[np.ndarray], infos: Optional[Sequence[str]] = None) -> bytearray:
+def encode_buffer(l: List[np.ndarray], infos: Optional[Sequence[str]] = None) -> bytearray:
     """Encode a list of arrays into one tenbin buffer.
 
     Args:
-        arrays: the arrays, in order.
+        l: the arrays, in order.
         infos: optional per-array info strings (at most 8 ASCII characters each).
 
     Raises:
-        ValueError: `arrays` is not a list, or an array has an unsupported dtype or rank.
+        ValueError: `l` is not a list, or an array has an unsupported dtype or rank.
     """
-    if not isinstance(arrays, list):
+    if not isinstance(l, list):
         raise ValueError("requires list")
-    return encode_chunks(encode_list(arrays, infos=infos))
+    return encode_chunks(encode_list(l, infos=infos))
 
 
 def decode_buffer(buf: Buffer, infos: Any = False) -> Any:

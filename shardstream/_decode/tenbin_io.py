@@ -58,9 +58,9 @@ def read_chunk(stream: IO[bytes]) -> Optional[bytes]:
     return data
 
 
-def write(stream: IO[bytes], arrays: Sequence[np.ndarray], infos: Optional[Sequence[str]] = None) -> None:
-    """Write a list of arrays as chunks."""
-    for chunk in encode_list(arrays, infos=infos):
+def write(stream: IO[bytes], l: Sequence[np.ndarray], infos: Optional[Sequence[str]] = None) -> None:
+    """Write the arrays `l` as chunks."""
+    for chunk in encode_list(l, infos=infos):
         write_chunk(stream, chunk)
 
 

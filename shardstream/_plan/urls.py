@@ -18,13 +18,13 @@ __all__ = ["envlookup", "envsubst", "expand_urls", "shard_name"]
 _VAR = re.compile(r"\$\{(\w+)\}")
 
 
-def envlookup(match: "re.Match[str]") -> str:
-    """The value for a `${NAME}` match: WDS_NAME, else NAME (webdataset reads only WDS_NAME).
+def envlookup(m: "re.Match[str]") -> str:
+    """The value for a `${NAME}` match `m`: WDS_NAME, else NAME (webdataset reads only WDS_NAME).
 
     Raises:
         UsageError: neither variable is set.
     """
-    name = match.group(1)
+    name = m.group(1)
     # webdataset looks up ${NAME} as WDS_NAME; plain NAME is accepted as a fallback.
     for key in ("WDS_" + name, name):
         if key in os.environ:
@@ -32,14 +32,14 @@ def envlookup(match: "re.Match[str]") -> str:
     raise UsageError(f"shard spec refers to ${{{name}}} but neither WDS_{name} nor {name} is set")
 
 
-def envsubst(spec: str) -> str:
-    """Replace `${NAME}` by the value of WDS_NAME (or NAME), repeatedly, at most ten rounds."""
+def envsubst(s: str) -> str:
+    """Replace `${NAME}` in `s` by the value of WDS_NAME (or NAME), repeatedly, at most ten rounds."""
     for _ in range(10):
-        expanded = _VAR.sub(envlookup, spec)
-        if expanded == spec:
+        expanded = _VAR.sub(envlookup, s)
+        if expanded == s:
             break
-        spec = expanded
-    return spec
+        s = expanded
+    return s
 
 
 def expand_urls(urls: Union[str, Iterable[str]]) -> List[str]:

@@ -20,7 +20,7 @@ from typing import (
     Tuple,
 )
 
-from .._base.errors import FormatError, ShardStreamError, UsageError, safe_cause
+from .._base.errors import NOTE_PREFIX, FormatError, ShardStreamError, UsageError, redact_url, safe_cause
 from .._base.handlers import reraise_exception
 from .._cache.shardcache import ShardCache
 from .._fetch.open import local_path_of
@@ -116,6 +116,8 @@ def shard_samples(
                 else:
                     current[ext] = data  # type: ignore[index]
             except Exception as exn:
+                if not isinstance(exn, ShardStreamError):  # rename_files or select_files raised
+                    _note_member(exn, url, name, offset)
                 if handler(exn):
                     continue
                 current = None
@@ -143,6 +145,13 @@ def _whole_before(
     return exn.pending[1] if field is not None and field[0] != key else None
 
 
+def _note_member(exn: BaseException, url: str, member: str, offset: int) -> None:
+    """Say on a user callback's error (rename_files, select_files) which member it was given:
+    the error itself knows nothing of the shard."""
+    if hasattr(exn, "add_note"):
+        exn.add_note(f"{NOTE_PREFIX}on member {member!r} at byte {offset} of {redact_url(url)}")
+
+
 def _field(
     name: str, rename_files: Optional[Callable[[str], str]], select_files: Optional[Callable[[str], bool]],
 ) -> Optional[Tuple[str, str]]:
@@ -151,7 +160,11 @@ def _field(
     if name.startswith("__") and is_meta(name):
         return None
     if rename_files is not None:
-        name = rename_files(name)
+        renamed = rename_files(name)
+        if not isinstance(renamed, str):
+            raise TypeError(f"rename_files returned {renamed!r} for member {name!r}: it must return a str "
+                            "(select_files drops members)")
+        name = renamed
     if select_files is not None and not select_files(name):
         return None
     slash = name.rfind("/")

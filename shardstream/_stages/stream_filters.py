@@ -220,8 +220,8 @@ class SeededShuffle(_EpochShuffle):
         return random.Random(f"shardstream-shuffle/{self.seed}/{epoch}/{rank}/{worker}")
 
 
-def tuple2dict(row):
-    return row if isinstance(row, dict) else {i: d for i, d in enumerate(row)}
+def tuple2dict(l):
+    return l if isinstance(l, dict) else {i: d for i, d in enumerate(l)}
 
 
 def dict2tuple(d):
