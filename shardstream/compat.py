@@ -7,6 +7,7 @@ and belongs to that class alone.
 
 from __future__ import annotations
 
+import multiprocessing
 import operator
 import os
 import random
@@ -360,10 +361,19 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_set: Optional[int] = None  # the epoch this loader last set on the dataset
         self._user_epoch = False
         self._worker_pass = 0  # persistent workers without set_epoch: the pass their next iteration runs
+        workers_epoch = None
+        if self._stateful and kw.get("persistent_workers") and kw.get("num_workers", 0) > 0:
+            # their copies of the dataset live as long as the loader: a set epoch reaches them here
+            context = kw.get("multiprocessing_context")
+            if isinstance(context, str):
+                context = multiprocessing.get_context(context)
+            workers_epoch = (context or multiprocessing).RawValue("q", -1)
+            dataset.share_epoch(workers_epoch)
         loader = DataLoader(*positional, **kw)
         if subprocess:
             loader = SubprocessLoader(loader, **(subprocess if isinstance(subprocess, dict) else {}))
         super().__init__(loader, _Untag(self))
+        self._workers_epoch = workers_epoch
 
     def __iter__(self):
         it = super().__iter__()
@@ -442,6 +452,8 @@ class WebLoader(DataPipeline, FluidInterface):
                 self._dataset.set_epoch(self._auto_epoch)
                 self._auto_set = self._auto_epoch
                 self._auto_epoch += 1
+            if self._workers_epoch is not None and self._user_epoch and self._dataset.epoch is not None:
+                self._workers_epoch.value = self._dataset.epoch  # (read by the workers as their pass starts)
             self._dataset.count_samples()  # once here, not in every worker
         it = super().iterator1(position, track, resumed)
         if isinstance(self._dataset, DataPipeline):
@@ -449,8 +461,8 @@ class WebLoader(DataPipeline, FluidInterface):
         return it
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the dataset's epoch (new DataLoader workers pick it up). Without it, each
-        iteration of the loader is the next epoch (0, 1, ...)."""
+        """Set the dataset's epoch (DataLoader workers pick it up, persistent ones as their next
+        pass starts). Without it, each iteration of the loader is the next epoch (0, 1, ...)."""
         epoch = operator.index(epoch)  # (a numpy int from np.arange: states stay JSON)
         self.epoch = epoch
         self._user_epoch = True

@@ -84,6 +84,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._progress: Optional[Tuple[int, Any, int]] = None
         self._passes_started = 0  # passes run in this process (see PipelineIterator.pass_base)
         self._tag_outputs = False
+        self._epoch_cell: Any = None  # persistent DataLoader workers' copies: the epoch set in the loader's process
         for arg in args:
             if arg is None:
                 continue
@@ -321,7 +322,16 @@ class DataPipeline(IterableDataset, PipelineStage):
         """`repetitions` passes; stops early when a pass yields nothing."""
         return PipelineIterator(self, self.repetitions, None)
 
+    def share_epoch(self, cell: Any) -> None:
+        """Persistent DataLoader workers keep the copy of this pipeline they got when they started:
+        an epoch set later in the loader's process reaches them through `cell` (a shared integer,
+        -1 while none is set), read at the start of each of their passes."""
+        self._epoch_cell = cell
+
     def __iter__(self) -> Iterator[Any]:
+        cell = self._epoch_cell
+        if cell is not None and cell.value >= 0 and cell.value != self.epoch:
+            self.set_epoch(cell.value)  # (in a persistent worker: the epoch its loader was given)
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
         worker, _workers = worker_info()
         skip, seek, resumed, pass_base = 0, None, self._resume is not None, None

@@ -679,6 +679,38 @@ def test_each_worker_reads_other_shards_every_epoch(monkeypatch, uneven_shards):
     assert len(set(subsets)) >= 4  # 20 possible subsets of 3; fixed before: 1
 
 
+@pytest.mark.parametrize("on", ["loader", "dataset"])
+def test_persistent_workers_take_each_epoch_set(uneven_shards, on):
+    """Persistent workers keep the copy of the dataset they started with: an epoch set later
+    reaches them through the loader (it did not: every epoch repeated epoch 0's order, and a
+    resumed epoch 1 mixed both orders, repeating samples)."""
+    def build(persistent):
+        ds = wds.WebDataset(uneven_shards, shardshuffle=5, seed=7).shuffle(10, seed=3).to_tuple("__key__")
+        return ds, wds.WebLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+
+    def epochs(persistent, count=3):
+        ds, loader = build(persistent)
+        result = []
+        for epoch in range(count):
+            (loader if on == "loader" else ds).set_epoch(epoch)
+            result.append(list(loader))
+        return result
+
+    fresh, kept = epochs(False), epochs(True)
+    assert kept == fresh and kept[0] != kept[1] != kept[2]
+    _, run = build(True)
+    run.set_epoch(0)
+    list(run)
+    run.set_epoch(1)
+    it = iter(run)
+    head = [next(it) for _ in range(9)]
+    state = json.loads(json.dumps(run.state_dict()))
+    del it
+    _, resumed = build(True)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == fresh[1]
+
+
 def _url_and_worker(sample):
     import torch
 
