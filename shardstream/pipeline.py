@@ -176,6 +176,14 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._resume = None
 
     def _warn_unseeded(self) -> None:
+        config = self.resolved_engine_config()
+        if not config.ordered and self._use_engine(config):
+            warnings.warn(
+                "resuming a pipeline with unordered engine output (with_engine(ordered=False)): the resumed "
+                "epoch skips as many items as were delivered, in another order, so not the same items "
+                "(samples may repeat or be missed); use ordered output to resume exactly",
+                stacklevel=4,  # the caller of load_state_dict (via resume_from)
+            )
         unseeded = unseeded_stages(self.pipeline)
         if getattr(self, "_unseeded_shard_shuffle", False):
             unseeded.insert(0, "shard shuffle")

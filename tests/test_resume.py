@@ -711,6 +711,31 @@ def test_persistent_workers_take_each_epoch_set(uneven_shards, on):
     assert head + list(resumed) == fresh[1]
 
 
+def test_an_unordered_pipeline_warns_that_its_resume_is_inexact(shardset):
+    """Unordered engine output comes as items finish: a replay that skips as many items as were
+    delivered skips other ones. Loading such a state says so (it claimed to be exact); an ordered
+    one resumes exactly and silently."""
+    def build(ordered):
+        return keyed(wds.WebDataset(shardset, shardshuffle=False)).with_engine(threads=2, ordered=ordered)
+
+    for ordered in (True, False):
+        ds = build(ordered)
+        it = iter(ds)
+        head = [next(it) for _ in range(5)]
+        state = ds.state_dict()
+        del it
+        resumed = build(ordered)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resumed.load_state_dict(state)
+        said = [str(w.message) for w in caught if "unordered engine output" in str(w.message)]
+        assert bool(said) == (not ordered)
+        rest = list(resumed)
+        assert len(head) + len(rest) == len(list(build(True)))
+        if ordered:
+            assert head + rest == list(build(True))
+
+
 def _url_and_worker(sample):
     import torch
 
