@@ -38,12 +38,36 @@ def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
         yield sample
 
 
+def _pass_epoch_on(datasets, epoch: int) -> None:
+    """Set the epoch of every dataset mixed that takes one (their shard orders and shuffles
+    follow it): a pipeline's set_epoch reaches the stages that have set_epoch, and a mix is one."""
+    for dataset in datasets:
+        set_epoch = getattr(dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
+def _advance_passes(datasets, passes: int) -> None:
+    """Let the datasets mixed count `passes` passes without running them (a resume in a later
+    automatic epoch: their shard orders and shuffles follow their own pass counts)."""
+    for dataset in datasets:
+        advance = getattr(dataset, "advance_passes", None)
+        if callable(advance):
+            advance(passes)
+
+
 class RoundRobin(IterableDataset):
     """One sample from each dataset in turn; stops with the shortest unless longest=True."""
 
     def __init__(self, datasets, longest: bool = False) -> None:
         self.datasets = datasets
         self.longest = longest
+
+    def set_epoch(self, epoch: int) -> None:
+        _pass_epoch_on(self.datasets, epoch)
+
+    def advance_passes(self, passes: int) -> None:
+        _advance_passes(self.datasets, passes)
 
     def __iter__(self) -> Iterator[Any]:
         sources = [iter(d) for d in self.datasets]
@@ -99,6 +123,16 @@ class RandomMix(IterableDataset):
         self.longest = longest
         self.seed = seed
         self.exact = exact
+        self.epoch: Optional[int] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The datasets mixed take the epoch, and with a seed the draws follow it too (seeded by
+        (seed, epoch) after epoch 0)."""
+        self.epoch = epoch
+        _pass_epoch_on(self.datasets, epoch)
+
+    def advance_passes(self, passes: int) -> None:
+        _advance_passes(self.datasets, passes)
 
     @property
     def deterministic(self) -> bool:
@@ -113,5 +147,10 @@ class RandomMix(IterableDataset):
         sources = [iter(d) for d in self.datasets]
         if self.exact:
             return exact_samples(sources, self.probs, longest=self.longest)
-        rng = None if self.seed is None else random.Random(self.seed)
+        if self.seed is None:
+            rng = None
+        elif not self.epoch:
+            rng = random.Random(self.seed)
+        else:
+            rng = random.Random(f"shardstream-mix/{self.seed}/{self.epoch}")
         return random_samples(sources, self.probs, longest=self.longest, rng=rng)

@@ -417,10 +417,15 @@ class DataPipeline(IterableDataset, PipelineStage):
     def advance_passes(self, passes: int) -> None:
         """Resuming in pass `passes` of a with_epoch/repeat iteration: let the stages that
         count their own passes (detshuffle, seeded shuffles, the splitter, resampled shards)
-        count the earlier ones, by starting each stage on no input that many times."""
+        count the earlier ones, by starting each stage on no input that many times (a stage
+        with `advance_passes` of its own, a mix of datasets or a pipeline, is asked to)."""
         for _ in range(passes):
             for index, stage in enumerate(self.pipeline):
                 if traits(stage).skip_on_resume:
+                    continue
+                own = getattr(stage, "advance_passes", None)
+                if callable(own) and stage is not self:
+                    own(1)
                     continue
                 try:
                     it = self.invoke(stage) if index == 0 else self.invoke(stage, iter(()))

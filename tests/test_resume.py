@@ -736,6 +736,53 @@ def test_an_unordered_pipeline_warns_that_its_resume_is_inexact(shardset):
             assert head + rest == list(build(True))
 
 
+@pytest.mark.parametrize("epochs", ["automatic", "set_epoch"])
+@pytest.mark.parametrize("mix", ["round_robin", "random_mix"])
+def test_a_mix_of_shuffled_datasets_resumes_a_later_epoch_exactly(uneven_shards, mix, epochs):
+    """The datasets inside RoundRobin / RandomMix follow the mix's epoch: a pipeline's set_epoch
+    reaches them, and a resume in a later automatic epoch lets them count the passes before it
+    (both resumed epoch 1 in the other order before: 10 of 121 samples lost and repeated)."""
+    def build():
+        first = keyed(wds.WebDataset(uneven_shards[:4], shardshuffle=5, seed=1))
+        second = keyed(wds.WebDataset(uneven_shards[4:], shardshuffle=5, seed=2))
+        if mix == "round_robin":
+            return wds.DataPipeline(wds.RoundRobin([first, second], longest=True))
+        return wds.DataPipeline(wds.RandomMix([first, second], [0.4, 0.6], longest=True, seed=3))
+
+    def epoch(ds, number):
+        if epochs == "set_epoch":
+            ds.set_epoch(number)
+        return list(ds)
+
+    reference = build()
+    expected = [epoch(reference, e) for e in range(3)]
+    assert expected[0] != expected[1] != expected[2]
+    run = build()
+    epoch(run, 0)
+    if epochs == "set_epoch":
+        run.set_epoch(1)
+    it = iter(run)
+    head = [next(it) for _ in range(9)]
+    state = json.loads(json.dumps(run.state_dict()))
+    del it
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[1]
+    assert epoch(resumed, 2) == expected[2]
+
+
+def test_a_mix_under_webloader_workers_changes_every_epoch(uneven_shards):
+    mixed = wds.DataPipeline(wds.RoundRobin([keyed(wds.WebDataset(uneven_shards[:4], shardshuffle=5, seed=1)),
+                                             keyed(wds.WebDataset(uneven_shards[4:], shardshuffle=5, seed=2))],
+                                            longest=True))
+    loader = wds.WebLoader(mixed, batch_size=None, num_workers=2)
+    epochs = []
+    for number in range(2):
+        loader.set_epoch(number)
+        epochs.append(list(loader))
+    assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1])
+
+
 def _url_and_worker(sample):
     import torch
 
