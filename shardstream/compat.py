@@ -21,7 +21,7 @@ from . import filters, shardlists, utils
 from ._base.errors import UsageError
 from ._fetch.options import FetchOptions
 from ._fetch.registry import warming_skips
-from ._resume.states import worker_view
+from ._resume.states import worker_passes, worker_view
 from ._shard.samples import TarShardSamples
 from ._cache.shardcache import cache_from_options
 from ._resume.equal_split import EqualSplit
@@ -297,7 +297,7 @@ class _TaggedCollate:
             return inner(item)
         if item.item is WORKER_END:
             return item
-        return Tagged(inner(item.item), item.worker, item.count, item.position)
+        return item.replace(inner(item.item))
 
 
 class _Untag:
@@ -355,6 +355,7 @@ class WebLoader(DataPipeline, FluidInterface):
         self._dataset: Any = dataset
         self._consumed: Dict[int, int] = {}  # items handed out per worker, this epoch
         self._positions: Dict[int, Any] = {}  # resume position of each worker's last item
+        self._pass_bases: Dict[int, int] = {}  # passes each worker's copy had run before this iteration
         self._pending: Optional[Dict[str, Any]] = None  # a loaded state the next epoch continues
         self._loader_split: Optional[List[Dict[str, Any]]] = None  # the history this epoch resumed from
         self._auto_epoch = 0  # the epoch the next iteration gets unless set_epoch was called
@@ -388,7 +389,7 @@ class WebLoader(DataPipeline, FluidInterface):
         result.__dict__.update(self.__dict__)
         result.pipeline = list(self.pipeline)
         result.pipeline[1] = _Untag(result)
-        result._consumed, result._positions = {}, {}
+        result._consumed, result._positions, result._pass_bases = {}, {}, {}
         return result
 
     def _untag(self, src):
@@ -406,6 +407,9 @@ class WebLoader(DataPipeline, FluidInterface):
         positions = self._positions
         positions.clear()
         positions.update(saved)
+        bases = self._pass_bases
+        bases.clear()
+        bases.update(worker_passes(pending))
         pending: Dict[int, Dict[int, Any]] = {w: {} for w in range(workers)}
         ended: Dict[int, int] = {}
 
@@ -420,6 +424,8 @@ class WebLoader(DataPipeline, FluidInterface):
                     return
                 consumed[worker] += 1
                 positions[worker] = entry.position
+                if entry.pass_base is not None:
+                    bases[worker] = entry.pass_base
                 yield entry.item
 
         try:
@@ -488,6 +494,9 @@ class WebLoader(DataPipeline, FluidInterface):
             # without workers the dataset runs here and counts its passes (see pass_base); persistent
             # workers' copies count theirs, one per iteration of this loader
             "passes": self._passes(pending),
+            # ... and each worker's own count (one that wrapped around within with_epoch is ahead)
+            "worker_passes": {str(k): v for k, v in (worker_passes(pending) if pending is not None
+                                                     else self._pass_bases).items()},
             # items this loader handed out, for loader.with_epoch(n)
             "loader_delivered": int(pending.get("loader_delivered") or 0) if pending is not None else self.progress()[0],
         }

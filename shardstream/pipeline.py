@@ -25,6 +25,7 @@ from ._resume.states import (
     choose_state,
     replay_offsets,
     unseeded_stages,
+    worker_passes,
     worker_view,
 )
 from ._resume.equal_split import ITEM_SPLIT, SHARD_SPLIT, EqualSplit, check_history, is_shard
@@ -348,7 +349,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             skip, seek = counts.get(worker, 0), positions.get(worker)
             if not self._shard_order_reproducible():
                 seek = None  # its shard at the saved item may be another one now: replay (not exact, as warned)
-            pass_base = self._resume.get("passes")
+            pass_base = worker_passes(self._resume).get(worker, self._resume.get("passes"))
             split = self._equal_split()
             if split is not None:  # plans (and so positions) derive from the states resumed from
                 split.history = self._resume.get("split")

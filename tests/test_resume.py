@@ -783,6 +783,30 @@ def test_a_mix_under_webloader_workers_changes_every_epoch(uneven_shards):
     assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1])
 
 
+@pytest.mark.parametrize("n", [10, 45])
+def test_persistent_workers_resume_a_later_with_epoch_iteration_exactly(uneven_shards, n):
+    """with_epoch(n) with persistent workers: each worker's copy counts its own passes, and one
+    whose share is under n wraps into another pass within an iteration, so the workers' pass
+    counts differ. The state keeps each worker's (it kept one for the loader: the resume then
+    read another shard order, seeking a saved offset into the wrong shard, or lost samples)."""
+    def build():
+        ds = keyed(wds.WebDataset(uneven_shards, shardshuffle=5, seed=3)).with_epoch(n)
+        return wds.WebLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+
+    reference = build()
+    expected = [list(reference) for _ in range(3)]
+    run = build()
+    list(run)
+    it = iter(run)
+    head = [next(it) for _ in range(7)]
+    state = json.loads(json.dumps(run.state_dict()))
+    del it
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected[1]
+    assert list(resumed) == expected[2]
+
+
 def _url_and_worker(sample):
     import torch
 

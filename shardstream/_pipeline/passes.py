@@ -29,15 +29,23 @@ def _worker_end() -> Any:
 
 class Tagged:
     """An item from a DataLoader worker with where it came from (unwrapped by WebLoader): the
-    worker, its count of items delivered, and its resume position (None: not seekable)."""
+    worker, its count of items delivered, its resume position (None: not seekable), and the
+    passes its copy of the pipeline had run before this iteration (persistent workers count
+    their own: one that wrapped around within `with_epoch` is a pass further on)."""
 
-    __slots__ = ("item", "worker", "count", "position")
+    __slots__ = ("item", "worker", "count", "position", "pass_base")
 
-    def __init__(self, item: Any, worker: int, count: int, position: Any = None) -> None:
+    def __init__(self, item: Any, worker: int, count: int, position: Any = None,
+                 pass_base: Optional[int] = None) -> None:
         self.item, self.worker, self.count, self.position = item, worker, count, position
+        self.pass_base = pass_base
 
     def __reduce__(self):
-        return (Tagged, (self.item, self.worker, self.count, self.position))
+        return (Tagged, (self.item, self.worker, self.count, self.position, self.pass_base))
+
+    def replace(self, item: Any) -> "Tagged":
+        """The same tag on another item (collated, pinned)."""
+        return Tagged(item, self.worker, self.count, self.position, self.pass_base)
 
     def pin_memory(self) -> "Tagged":
         """The item pinned as torch's DataLoader(pin_memory=True) pins an untagged one (its pin
@@ -46,7 +54,7 @@ class Tagged:
             return self
         from torch.utils.data._utils.pin_memory import pin_memory
 
-        return Tagged(pin_memory(self.item), self.worker, self.count, self.position)
+        return self.replace(pin_memory(self.item))
 
 
 class PipelineIterator:
@@ -133,7 +141,7 @@ class PipelineIterator:
         except ShardStreamError as exn:  # leaving a DataLoader worker: torch keeps only its text
             mark_location(exn)
             raise
-        return Tagged(item, self._tag, self._delivered, self._position)
+        return Tagged(item, self._tag, self._delivered, self._position, self.pass_base)
 
     def _next_item(self) -> Any:
         while True:

@@ -65,11 +65,12 @@ def _check_fields(state: Mapping[str, Any], kind: str) -> None:
         value = state[key]
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise UsageError(f"saved state field {key!r} must be a count >= 0, got {value!r}")
-    per_worker = state.get("per_worker") or {}
-    if not isinstance(per_worker, Mapping) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in per_worker.values()
-    ):
-        raise UsageError(f"saved state field 'per_worker' must map workers to counts >= 0, got {per_worker!r}")
+    for field in ("per_worker", "worker_passes"):
+        by_worker = state.get(field) or {}
+        if not isinstance(by_worker, Mapping) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in by_worker.values()
+        ):
+            raise UsageError(f"saved state field {field!r} must map workers to counts >= 0, got {by_worker!r}")
     positions = list((state.get("positions") or {}).values()) + [state.get("position")]
     for position in positions:
         if position is None:

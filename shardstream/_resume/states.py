@@ -19,7 +19,7 @@ from .._plan.ranks import simulated_layout
 from .._stages.contract import PipelineStage, StreamStage
 from .._stages.resumable import EpochAware, traits
 
-__all__ = ["choose_state", "gather_states", "replay_offsets", "unseeded_stages", "worker_view"]
+__all__ = ["choose_state", "gather_states", "replay_offsets", "unseeded_stages", "worker_passes", "worker_view"]
 
 
 def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -68,6 +68,13 @@ def unseeded_stages(stages: Sequence[Any]) -> List[str]:
         names.get(s.f.__name__, s.name) if isinstance(s, StreamStage) else type(s).__name__
         for s in stages if not traits(s).deterministic
     ]
+
+
+def worker_passes(state: Optional[Dict[str, Any]]) -> Dict[int, int]:
+    """The passes each DataLoader worker's copy of the pipeline had run before the saved
+    iteration (a WebLoader state; empty when it does not say)."""
+    saved = (state or {}).get("worker_passes") or {}
+    return {int(k): int(v) for k, v in saved.items()}
 
 
 def worker_view(state: Optional[Dict[str, Any]]) -> Tuple[Dict[int, int], Dict[int, Any]]:
