@@ -20,7 +20,7 @@ from ._engine.config import EngineConfig, engine_defaults
 from ._engine.run import EngineIterator
 from ._base.errors import UsageError
 from ._resume.positions import compose, pivot_wrapper, resume_pivot
-from ._plan.ranks import pytorch_worker_info
+from ._plan.ranks import distributed_rank, inherit_rank, pytorch_worker_info
 from ._resume.states import (
     choose_state,
     replay_offsets,
@@ -35,7 +35,7 @@ from ._stages.contract import PipelineStage
 from ._shard.samples import TarShardSamples
 from ._stages.resumable import EpochAware, traits
 from ._engine.stats import PipelineStats
-from ._base.lazytorch import IterableDataset, is_dataloader, is_iterable_dataset, worker_info
+from ._base.lazytorch import IterableDataset, in_worker, is_dataloader, is_iterable_dataset, worker_info
 from .shardlists import SimpleShardList, split_by_node, split_by_worker
 
 __all__ = ["DataPipeline", "add_length_method"]
@@ -102,6 +102,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         state = dict(self.__dict__)
         state["_last_stats"] = None
         state["_last_iterator"] = None
+        # A DataLoader worker started by spawn or forkserver unpickles this outside the rank's
+        # process group: it takes the rank from here (a forked one inherits the group itself).
+        state["_sender_rank"] = distributed_rank()
         return state
 
     def set_epoch(self, epoch: int) -> None:
@@ -338,6 +341,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._epoch_cell = cell
 
     def __iter__(self) -> Iterator[Any]:
+        sender = self.__dict__.get("_sender_rank")
+        if sender is not None and in_worker():
+            inherit_rank(sender)  # (see __getstate__)
         cell = self._epoch_cell
         if cell is not None and cell.value >= 0 and cell.value != self.epoch:
             self.set_epoch(cell.value)  # (in a persistent worker: the epoch its loader was given)

@@ -97,3 +97,25 @@ def test_subprocess_loader_per_rank(uneven_shards, tmp_path):
     assert full[0]["batches"] == full[1]["batches"] > 0
     a, b = set(full[0]["keys"]), set(full[1]["keys"])
     assert not a & b and len(a) == len(b) == sum(SIZES) // 2
+
+
+@pytest.mark.timeout(300)
+def test_ranks_started_without_env_split_in_spawned_workers(uneven_shards, tmp_path):
+    """Ranks that know their place only from init_process_group (no RANK/WORLD_SIZE: srun,
+    mp.spawn) hand it to DataLoader workers started by spawn, which unpickle the dataset outside
+    the group (webdataset and we read every sample on every rank there)."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "ranks_without_env.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    ranks = [subprocess.Popen([sys.executable, script, str(r), "2", str(tmp_path), "spawn", *uneven_shards],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        outputs = [rank.communicate(timeout=180)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    first, second = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    assert len(first) == len(second) == sum(SIZES) // 2
+    assert not set(first) & set(second)
