@@ -38,22 +38,15 @@ def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
         yield sample
 
 
-def _pass_epoch_on(datasets, epoch: int) -> None:
-    """Set the epoch of every dataset mixed that takes one (their shard orders and shuffles
-    follow it): a pipeline's set_epoch reaches the stages that have set_epoch, and a mix is one."""
+def _tell_each(datasets, method: str, value: int) -> None:
+    """Call `method(value)` on every dataset mixed that has it: `set_epoch` (their shard orders
+    and shuffles follow the mix's epoch; a pipeline's set_epoch reaches the stages that have one,
+    and a mix is one) and `advance_passes` (a resume in a later automatic epoch lets them count
+    the passes before it)."""
     for dataset in datasets:
-        set_epoch = getattr(dataset, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-
-
-def _advance_passes(datasets, passes: int) -> None:
-    """Let the datasets mixed count `passes` passes without running them (a resume in a later
-    automatic epoch: their shard orders and shuffles follow their own pass counts)."""
-    for dataset in datasets:
-        advance = getattr(dataset, "advance_passes", None)
-        if callable(advance):
-            advance(passes)
+        call = getattr(dataset, method, None)
+        if callable(call):
+            call(value)
 
 
 class RoundRobin(IterableDataset):
@@ -64,10 +57,10 @@ class RoundRobin(IterableDataset):
         self.longest = longest
 
     def set_epoch(self, epoch: int) -> None:
-        _pass_epoch_on(self.datasets, epoch)
+        _tell_each(self.datasets, "set_epoch", epoch)
 
     def advance_passes(self, passes: int) -> None:
-        _advance_passes(self.datasets, passes)
+        _tell_each(self.datasets, "advance_passes", passes)
 
     def __iter__(self) -> Iterator[Any]:
         sources = [iter(d) for d in self.datasets]
@@ -129,10 +122,10 @@ class RandomMix(IterableDataset):
         """The datasets mixed take the epoch, and with a seed the draws follow it too (seeded by
         (seed, epoch) after epoch 0)."""
         self.epoch = epoch
-        _pass_epoch_on(self.datasets, epoch)
+        _tell_each(self.datasets, "set_epoch", epoch)
 
     def advance_passes(self, passes: int) -> None:
-        _advance_passes(self.datasets, passes)
+        _tell_each(self.datasets, "advance_passes", passes)
 
     @property
     def deterministic(self) -> bool:

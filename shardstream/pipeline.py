@@ -165,7 +165,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         own, history = choose_state(check_state(state, described, kind), self.layout(num_workers))
         chosen = own if own is not None else self._elastic(history)
         self._load(chosen)
-        self._warn_unseeded()
+        self._warn_inexact()
         return chosen
 
     def tagged_copy(self) -> "DataPipeline":
@@ -179,7 +179,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         """The resume point has gone to the DataLoader workers (their copies): not again here."""
         self._resume = None
 
-    def _warn_unseeded(self) -> None:
+    def _warn_inexact(self) -> None:
+        """Warn when the resume just loaded cannot continue the saved epoch exactly."""
         config = self.resolved_engine_config()
         if not config.ordered and self._use_engine(config):
             warnings.warn(
