@@ -121,6 +121,9 @@ class _ByEpoch(PipelineStage):
         self.passes += 1
         return epoch
 
+    def __call__(self, src):
+        return self.run(src)
+
 
 class _EpochShuffle(_ByEpoch):
     """A shuffle buffer whose draws depend on the epoch; subclasses say how the epoch seeds it
@@ -139,9 +142,6 @@ class _EpochShuffle(_ByEpoch):
 
     def run(self, src):
         return _shuffle(src, self.bufsize, self.initial, self._rng(self._next_epoch()))
-
-    def __call__(self, src):
-        return self.run(src)
 
 
 class ShardShuffle(_EpochShuffle):
@@ -198,9 +198,6 @@ class ShardSpread(_ByEpoch):
         shards = list(src)
         rng.shuffle(shards)
         yield from shards
-
-    def __call__(self, src):
-        return self.run(src)
 
     def __repr__(self) -> str:
         return f"<shard spread(seed={self.seed!r}, shared={self.shared})>"
