@@ -579,3 +579,27 @@ def test_an_opener_in_gopen_schemes_reads_its_schemes_shards_everywhere_as_in_we
             list(shardstream.WebDataset(urls, shardshuffle=False))
         assert info.value.url == urls[1]
         monkeypatch.undo()
+
+
+def test_enforce_security_refuses_a_pickle_field_as_a_decoding_error(tmp_path):
+    """Under webdataset's switch a pickle field fails to decode as in webdataset: a DecodingError
+    caused by a ValueError (code that catches DecodingError keeps working)."""
+    import pickle
+
+    path = tmp_path / "p.tar"
+    with webdataset.TarWriter(str(path)) as sink:
+        sink.write({"__key__": "s0", "pyd": pickle.dumps({"a": 1}), "txt": "x"})
+    previous = shardstream.allow_pickle(True)
+    caught = {}
+    try:
+        for lib in (webdataset, shardstream):
+            lib.utils.enforce_security = True
+            try:
+                with pytest.raises(lib.autodecode.DecodingError) as info:
+                    list(lib.WebDataset(str(path), shardshuffle=False).decode())
+                caught[lib.__name__] = type(info.value.__cause__)
+            finally:
+                lib.utils.enforce_security = False
+    finally:
+        shardstream.allow_pickle(previous)
+    assert caught["shardstream"] is caught["webdataset"] is ValueError

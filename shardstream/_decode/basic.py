@@ -116,7 +116,8 @@ def check_pickle_allowed(what: str) -> None:
 def torch_loads(data: bytes) -> Any:
     """torch.load the bytes on the CPU (refused unless pickle is allowed or weights_only is set)."""
     if enforced():  # webdataset refuses even a weights-only load under enforce_security
-        raise UsageError("torch.loads is not allowed for security reasons when enforce_security is set.")
+        # (its type too: a ValueError, which a Decoder raises as a DecodingError)
+        raise ValueError("torch.loads is not allowed for security reasons when enforce_security is set.")
     if not pytorch_weights_only:
         check_pickle_allowed("a .pth field with torch.load")
     import torch
@@ -127,7 +128,7 @@ def torch_loads(data: bytes) -> Any:
 def unpickle_loads(data: bytes) -> Any:
     """pickle.loads the bytes (refused unless pickle is allowed)."""
     if enforced():
-        raise UsageError("Unpickling is not allowed for security reasons when enforce_security is set.")
+        raise ValueError("Unpickling is not allowed for security reasons when enforce_security is set.")
     check_pickle_allowed("a pickle field")
     return pickle.loads(data)
 
