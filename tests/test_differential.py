@@ -344,3 +344,31 @@ def test_the_samples_before_an_error_are_webdatasets(tmp_path, case):
         assert ours == theirs
         assert isinstance(error, type(their_error)) or isinstance(error, shardstream.ShardStreamError) or (
             isinstance(their_error, RuntimeError) and isinstance(error, RuntimeError)), (error, their_error)
+
+
+def _per_member_errors(tmp_path):
+    from shardsets import write_tar
+
+    return {
+        "rename_files": (write_tar(str(tmp_path / "r.tar"), [("s0.txt", b"a"), ("s0.json", b"{}"), ("s1.txt", b"b"),
+                                                            ("s1.json", b"{}"), ("s2.txt", b"c")]),
+                         {"rename_files": lambda n: (1 / 0) if n == "s1.json" else n}),
+        "duplicate member": (write_tar(str(tmp_path / "d.tar"), [("s0.txt", b"a"), ("s1.txt", b"b"), ("s1.txt", b"B"),
+                                                                ("s1.cls", b"1"), ("s2.txt", b"c")]), {}),
+    }
+
+
+@pytest.mark.parametrize("handler", ["ignore_and_continue", "ignore_and_stop"])
+@pytest.mark.parametrize("error", ["rename_files", "duplicate member"])
+def test_per_member_errors_give_webdataset_s_samples(tmp_path, error, handler):
+    """A member the user's rename_files fails on, or a duplicate: a continuing handler skips the
+    member, a stopping one ends the shard after handing out the sample being assembled."""
+    path, options = _per_member_errors(tmp_path)[error]
+
+    def build(wds, shards):
+        return wds.WebDataset(shards, shardshuffle=False, handler=getattr(wds, handler), **options)
+
+    expected, actual = run(build, path)
+    for sample in expected + actual:
+        sample.pop("__local_path__", None)
+    assert_same_stream(expected, actual)

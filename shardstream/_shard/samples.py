@@ -61,14 +61,16 @@ def shard_samples(
     Consecutive members with the same key form a sample; samples never span shards. A format or
     fetch error propagates (the caller's handler decides about the shard); the sample being
     assembled when it happens is dropped, never yielded incomplete. Per-member errors
-    (rename_files, duplicate fields) go to `handler`.
+    (rename_files, duplicate fields) go to `handler`: a continuing one skips the member, a
+    stopping one ends the shard after the sample being assembled (as webdataset's does).
     """
     if limit is not None and limit <= 0:
         return
     current: Optional[Dict[str, Any]] = None
     current_key: Optional[str] = None
     batches = iter(batches)
-    while True:
+    stopped = False
+    while not stopped:
         try:
             members = next(batches)
         except StopIteration:
@@ -120,8 +122,8 @@ def shard_samples(
                     _note_member(exn, url, name, offset)
                 if handler(exn):
                     continue
-                current = None
-                return
+                stopped = True  # (the sample so far is handed out, as webdataset's stop does)
+                break
     if current is not None and not skip and (limit is None or limit > 0):
         if cursor is not None:
             cursor.advance(None, True)
