@@ -32,6 +32,7 @@ from ._loader.subprocess import SubprocessLoader
 from ._base.lazytorch import DataLoader, release_workers
 from .filters import pipelinefilter
 from .handlers import reraise_exception
+from .mix import RandomMix, RoundRobin
 from .pipeline import DataPipeline
 from ._pipeline.passes import WORKER_END, Tagged
 from .tariterators import group_by_keys, tar_file_expander
@@ -340,7 +341,19 @@ class WebLoader(DataPipeline, FluidInterface):
                              "leave num_workers at 0")
         positional = list(args)
         dataset: Any = positional[0] if positional else kw.get("dataset")
+        if isinstance(dataset, (RandomMix, RoundRobin)):
+            dataset = DataPipeline(dataset)  # (a pipeline of one stage: it keeps a state)
+            if positional:
+                positional[0] = dataset
+            else:
+                kw["dataset"] = dataset
         self._stateful = isinstance(dataset, DataPipeline) and kw.get("batch_size", 1) is None
+        self._stateless_reason = (
+            None if self._stateful else
+            f"WebLoader state needs a shardstream dataset (a WebDataset, DataPipeline or mix; got "
+            f"{type(dataset).__name__})" if not isinstance(dataset, DataPipeline) else
+            f"WebLoader state needs batch_size=None (the dataset batches; got batch_size={kw.get('batch_size', 1)!r})"
+        )
         self._origin = dataset if self._stateful else None  # where the caller may set_epoch by hand
         if self._stateful:
             dataset = dataset.tagged_copy()  # the caller's dataset keeps handing out plain items
@@ -479,7 +492,7 @@ class WebLoader(DataPipeline, FluidInterface):
 
     def state_dict(self) -> Dict[str, Any]:
         if not self._stateful:
-            raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
+            raise UsageError(str(self._stateless_reason))
         pending = self._pending  # loaded, not started yet: still that state
         counts, positions = worker_view(pending) if pending is not None else (self._consumed, self._positions)
         return {
@@ -526,7 +539,7 @@ class WebLoader(DataPipeline, FluidInterface):
         """Continue the saved epoch: `state` is this loader's `state_dict()`, or the list of
         every rank's (`gather_states`) to finish it on another world size or worker count."""
         if not self._stateful:
-            raise UsageError("WebLoader state needs a shardstream dataset and batch_size=None")
+            raise UsageError(str(self._stateless_reason))
         state = self._dataset.resume_from(state, self._fingerprinted(), "loader", self._workers())
         held = [s for s in self.pipeline[2:] if not traits(s).clean_cut]
         if held:

@@ -80,3 +80,14 @@ def test_generated_secrets_never_survive(scheme, user, password, host, path, nam
     shown = redact(wrapper.format(url))
     assert password not in shown and value not in shown
     assert f"{scheme}://***@{host}{path}" in shown  # still says where
+
+
+def test_a_comma_that_ends_a_clause_stays():
+    """A rendered error ("url=..., member=..., offset=0") redacted as text keeps its commas (the
+    CLI printed "api_key=*** offset=0"); a comma inside a value is still part of the secret."""
+    from shardstream._base.redact import redact
+
+    text = "cannot open (url=http://h/x.tar?api_key=SECRET, member=None, offset=0)"
+    assert redact(text) == "cannot open (url=http://h/x.tar?api_key=***, member=None, offset=0)"
+    assert redact("token=a,b,c next") == "token=*** next"
+    assert redact("see http://u:pw@h/x?sig=abc, then") == "see http://***@h/x?sig=***, then"

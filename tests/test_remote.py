@@ -341,4 +341,5 @@ def test_the_verdict_blames_storage_when_the_reader_waits_for_bytes(shardset):
     assert f"waited {waited:.2f}s for bytes" in stats.format()
     it = iter(wds.WebDataset(shardset[:2], shardshuffle=False))
     list(it)
-    assert "wait_us" not in it.stats().source and "storage" not in it.stats().verdict()
+    # (every field is there, as documented: local shards wait for nothing)
+    assert it.stats().source["wait_us"] == 0 and "storage" not in it.stats().verdict()

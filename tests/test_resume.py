@@ -807,6 +807,31 @@ def test_persistent_workers_resume_a_later_with_epoch_iteration_exactly(uneven_s
     assert list(resumed) == expected[2]
 
 
+@pytest.mark.parametrize("mix", ["round_robin", "random_mix"])
+def test_a_webloader_over_a_mix_keeps_a_state(uneven_shards, mix):
+    """A mix given straight to a WebLoader resumes as one inside a DataPipeline does (it said the
+    loader needed "a shardstream dataset and batch_size=None", with batch_size=None given)."""
+    def build():
+        parts = [keyed(wds.WebDataset(uneven_shards[:3], shardshuffle=False)),
+                 keyed(wds.WebDataset(uneven_shards[3:], shardshuffle=False))]
+        mixed = wds.RoundRobin(parts, longest=True) if mix == "round_robin" else wds.RandomMix(parts, [1, 3], seed=0)
+        return wds.WebLoader(mixed, batch_size=None, num_workers=0)
+
+    full = list(build())
+    run = build()
+    it = iter(run)
+    head = [next(it) for _ in range(7)]
+    state = run.state_dict()
+    del it
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full
+    with pytest.raises(wds.UsageError, match="needs batch_size=None .*got batch_size=4"):
+        wds.WebLoader(wds.WebDataset(uneven_shards, shardshuffle=False), batch_size=4).state_dict()
+    with pytest.raises(wds.UsageError, match="needs a shardstream dataset .*got list"):
+        wds.WebLoader([1, 2], batch_size=None).state_dict()
+
+
 def _url_and_worker(sample):
     import torch
 

@@ -24,10 +24,11 @@ __all__ = ["redact", "redact_url", "url_secrets"]
 
 MASK = "***"
 
-_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")  # to the next space: a password may hold quotes
+# To the next space (a password may hold quotes), less a comma that ends a clause ("url=..., offset=0")
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://(?:[^\s,]|,(?!\s|$))+")
 _PORT = re.compile(r":\d*$")
 _SECRET_NAME = r"[\w.-]*(?:key|token|secret|signature|password|passwd|credential|auth)[\w.-]*|sig|pwd|pass"
-_ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&#;:\s'\"(,])(?:{_SECRET_NAME})=)[^&#;\s'\"]*")
+_ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&#;:\s'\"(,])(?:{_SECRET_NAME})=)(?:[^&#;\s'\",]|,(?!\s|$))*")
 _USER_OPTION = re.compile(r"((?:^|\s)(?:-u\s*|--user[=\s]+|--password[=\s]+))(['\"]?)[^\s'\"]+")
 _AUTH_HEADER = re.compile(r"(?i)(authorization\s*:\s*)[^'\"\n]+")
 # a header in a mapping's repr (aiohttp's errors show their request's): 'Authorization': 'Basic ...'

@@ -23,10 +23,11 @@ __all__ = ["SourceStats", "chunk_member_batches", "is_compressed_file", "iter_me
 
 
 class SourceStats(Counters):
-    """Bytes, shards, samples and errors read by a source stage, and the retries and Range
-    resumes of the remote streams it opened (the engine reports them)."""
+    """Bytes, shards, samples and errors read by a source stage, and the retries, Range resumes
+    and waits for bytes (`wait_us`: 0 for local shards) of the remote streams it opened (the
+    engine reports them)."""
 
-    FIELDS = ("bytes", "shards", "samples", "errors", "retries", "resumes")
+    FIELDS = ("bytes", "shards", "samples", "errors", "retries", "resumes", "wait_us")
 
 logger = logging.getLogger(__name__)
 
