@@ -67,6 +67,23 @@ def test_user_exception_names_the_stage_and_keeps_the_traceback(shardset):
     assert "explode" in frames
 
 
+@pytest.mark.parametrize("engine", [True, False])
+def test_a_stage_on_tuples_names_the_sample_with_the_engine_on_or_off(shardset, engine):
+    """The note on an error of a stage that sees tuples (map_tuple after to_tuple) names the
+    sample and its URL as it came into the fused stages, with the engine off too (plain
+    generators: also DataLoader workers with fewer than 2 cores each), not only on the engine."""
+    def odd(key):
+        if key.endswith("3"):
+            raise IndexError("odd key")
+        return key
+
+    ds = wds.WebDataset(shardset, shardshuffle=False).to_tuple("__key__", "__url__").map_tuple(odd, None)
+    with pytest.raises(IndexError) as info:
+        list(ds.with_engine(enabled=engine))
+    notes = getattr(info.value, "__notes__", [])
+    assert any(n.startswith("shardstream: raised in stage 'map_tuple' on sample '") and " of " in n for n in notes), notes
+
+
 def test_handlers_keep_their_meaning_on_the_engine(shardset):
     def fail_some(sample):
         if sample["__key__"] in ("s0002", "s0005"):

@@ -88,6 +88,24 @@ def _boom(sample):
     return sample
 
 
+class PairError(Exception):
+    """An exception whose __init__ takes other arguments than it passes on: its pickle cannot be
+    rebuilt (cls(*args) misses one)."""
+
+    def __init__(self, key, where):
+        super().__init__(f"{key} at {where}")
+        self.key, self.where = key, where
+
+    def __str__(self):
+        return f"pair {self.key}/{self.where}"
+
+
+def _pair_boom(sample):
+    if sample["__key__"].endswith("3"):
+        raise PairError(sample["__key__"], "map")
+    return sample
+
+
 def _segments(prefix: str = "") -> list:
     """Our shared-memory segments on this machine (other processes' are theirs)."""
     prefix = prefix or f"shardstream-{os.getpid()}-"
@@ -355,6 +373,20 @@ def test_error_in_helper_is_raised_here_with_its_traceback(shardset):
     assert "_boom" in cause.text and "test_subprocess.py" in cause.text
     assert any("helper process" in note for note in getattr(info.value, "__notes__", []))
     assert _segments() == []
+
+
+def test_an_error_whose_pickle_cannot_be_rebuilt_keeps_its_type_attributes_and_notes(shardset):
+    """(it came as a ShardStreamError naming the type, which `except PairError` misses)"""
+    dataset = wds.WebDataset(shardset, shardshuffle=False).map(_pair_boom).to_tuple("__key__", "__url__")
+    with pytest.raises(PairError) as direct:
+        list(dataset)
+    with pytest.raises(PairError) as info:
+        list(SubprocessLoader(dataset))
+    assert str(info.value) == str(direct.value) and info.value.where == "map"
+    notes = getattr(info.value, "__notes__", [])
+    assert any("raised in stage 'map(_pair_boom)'" in note for note in notes)
+    assert any("helper process" in note for note in notes)
+    assert isinstance(info.value.__cause__, RemoteTraceback)
 
 
 def test_killed_helper_is_an_error_not_a_hang(shardset):

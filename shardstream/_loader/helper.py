@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional, Tuple
 from .._base.errors import UsageError
 from .._engine.channel import Stopped
 from .._engine.config import EngineConfig, set_engine_defaults
+from .exceptions import exception_payload
 from .shm import SegmentWriter, unlink_segments
 
 __all__ = ["HelperOptions", "Report", "helper_main", "pipeline_of"]
@@ -174,11 +175,7 @@ class _Helper:
 
     def _send_failure(self, exc: BaseException) -> None:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
-            payload: Optional[bytes] = pickle.dumps(exc)
-            pickle.loads(payload)  # type: ignore[arg-type]  # some exceptions pickle but cannot be rebuilt
-        except Exception:
-            payload = None
+        payload = exception_payload(exc)
         try:
             self._send(("error", payload, text, type(exc).__name__, str(exc), os.getpid()))
         except Stopped:

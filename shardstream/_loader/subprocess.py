@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional, Sequence
 from .._engine.config import engine_defaults
 from .._decode.basic import pickle_allowed
 from .._base.errors import ShardStreamError, UsageError
+from .exceptions import exception_from
 from .helper import HelperOptions, Report, helper_main, pipeline_of
 from .._stages.resumable import ResumeTraits
 from .._fetch.open import pipe_allowed
@@ -367,12 +368,7 @@ class SubprocessIterator:
 def _rebuild(message: Any) -> BaseException:
     """The helper's exception, with its traceback as the cause."""
     _kind, payload, text, type_name, text_short, pid = message
-    exc: Optional[BaseException] = None
-    if payload is not None:
-        try:
-            exc = pickle.loads(payload)
-        except Exception:
-            exc = None
+    exc = exception_from(payload)
     if exc is None:
         exc = ShardStreamError(f"{type_name}: {text_short}")
     exc.__cause__ = RemoteTraceback(text)

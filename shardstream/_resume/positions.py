@@ -20,6 +20,7 @@ import functools
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .._base.errors import UsageError
+from .._stages.contract import SampleStage, run_fused
 from .._stages.resumable import traits
 
 __all__ = ["Counted", "InlinePositions", "pivot_wrapper", "resume_pivot"]
@@ -112,14 +113,24 @@ class InlinePositions:
 
 
 def compose(stages: List[Any], invoke: Callable[..., Iterator[Any]], pivot: Optional[Tuple[int, Callable]]) -> Iterator[Any]:
-    """Stages as nested generators; with a pivot, an InlinePositions."""
+    """Stages as nested generators, consecutive sample stages fused into one loop (as the engine
+    runs them); with a pivot, an InlinePositions."""
     it: Any = None
     where = None
-    for index, stage in enumerate(stages):
+    index = 0
+    while index < len(stages):
+        stage = stages[index]
         if pivot is not None and index == pivot[0]:
             it, where = pivot[1](stage, it)
         elif index == 0:
             it = invoke(stage)
         else:
-            it = invoke(stage, it)
+            end = index + 1
+            while (isinstance(stage, SampleStage) and end < len(stages) and isinstance(stages[end], SampleStage)
+                   and not (pivot is not None and end == pivot[0])):
+                end += 1
+            it = invoke(stage, it) if end == index + 1 else run_fused(stages[index:end], it)
+            index = end
+            continue
+        index += 1
     return it if where is None else InlinePositions(it, where)

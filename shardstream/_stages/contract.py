@@ -13,7 +13,7 @@ which composes stages as nested generators, keeps working.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .._base.errors import note_stage
 from .._base.handlers import reraise_exception
@@ -25,6 +25,7 @@ __all__ = [
     "SampleStage",
     "StreamStage",
     "clean_cut",
+    "run_fused",
 ]
 
 
@@ -73,23 +74,39 @@ class SampleStage(PipelineStage):
         raise NotImplementedError
 
     def run(self, src: Iterable[Any]) -> Iterator[Any]:
-        apply, handler = self.apply, self.handler
-        for sample in src:
-            try:
-                result = apply(sample)
-            except Exception as exn:
-                note_stage(exn, self.name, sample)
-                if handler(exn):
-                    continue
-                return
-            if result is not DROP:
-                yield result
+        return run_fused([self], src)
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         return self.run(src)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+def run_fused(stages: Sequence[SampleStage], src: Iterable[Any]) -> Iterator[Any]:
+    """Samples through consecutive sample stages in one loop, as the engine fuses them (the
+    same calls, in the same order, as their generators chained): an error's note names the
+    sample as it came into the first stage (its key and URL), not the tuple a later one saw."""
+    steps = [(stage.apply, stage.handler, stage.name) for stage in stages]
+    for sample in src:
+        item = sample
+        for apply, handler, name in steps:
+            try:
+                item = apply(item)
+            except Exception as exn:
+                note_stage(exn, name, sample)
+                try:
+                    skip = handler(exn)
+                except Exception as raised:
+                    note_stage(raised, name, sample)
+                    raise
+                if not skip:
+                    return
+                item = DROP
+            if item is DROP:
+                break
+        if item is not DROP:
+            yield item
 
 
 class StreamStage(PipelineStage):
