@@ -106,6 +106,15 @@ def _pair_boom(sample):
     return sample
 
 
+def _log_some(sample):
+    import logging
+
+    if sample["__key__"].endswith("2"):
+        logging.getLogger("user.pipeline").info("saw %s", sample["__key__"])
+        logging.getLogger("user.pipeline").debug("not at this level")
+    return sample
+
+
 def _segments(prefix: str = "") -> list:
     """Our shared-memory segments on this machine (other processes' are theirs)."""
     prefix = prefix or f"shardstream-{os.getpid()}-"
@@ -387,6 +396,18 @@ def test_an_error_whose_pickle_cannot_be_rebuilt_keeps_its_type_attributes_and_n
     assert any("raised in stage 'map(_pair_boom)'" in note for note in notes)
     assert any("helper process" in note for note in notes)
     assert isinstance(info.value.__cause__, RemoteTraceback)
+
+
+def test_the_helpers_log_records_reach_this_process_s_logging(shardset, caplog):
+    """Log records in the helper (the pipeline's own, or ours: a retry's WARNING) go to this
+    process's loggers, at the level its root logger had when the helper started (they went to
+    the helper's stderr, past the training process's logging configuration)."""
+    caplog.set_level("INFO")
+    dataset = wds.WebDataset(shardset, shardshuffle=False).map(_log_some).to_tuple("__key__")
+    keys = [key for (key,) in SubprocessLoader(dataset)]
+    ours = [r for r in caplog.records if r.name == "user.pipeline"]
+    assert sorted(r.getMessage() for r in ours) == sorted(f"saw {k}" for k in keys if k.endswith("2"))
+    assert ours and all(r.levelname == "INFO" and r.process != os.getpid() for r in ours)
 
 
 def test_killed_helper_is_an_error_not_a_hang(shardset):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import pickle
 import signal
@@ -55,6 +56,34 @@ class HelperOptions:
     allow_pickle: bool
     preload: Tuple[str, ...] = ()
     recycle: bool = True
+    log_level: int = logging.WARNING  # the parent's root level: the records it would handle come over
+
+
+# A log record's fields that travel to the parent (the message formatted, its exception as text).
+_RECORD_FIELDS = ("name", "levelno", "levelname", "pathname", "filename", "module", "lineno", "funcName",
+                  "created", "msecs", "relativeCreated", "thread", "threadName", "process", "processName")
+
+
+class _ForwardLogs(logging.Handler):
+    """Sends the helper's log records to the parent, which hands them to its own loggers: they go
+    where the training process's logging configuration sends its own (a file, a collector),
+    not to the helper's stderr."""
+
+    def __init__(self, send: Any) -> None:
+        super().__init__()
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: Dict[str, Any] = {k: getattr(record, k, None) for k in _RECORD_FIELDS}
+            fields["msg"], fields["args"] = record.getMessage(), None
+            if record.exc_info:
+                fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
+            self._send(("log", fields))
+        except Stopped:
+            pass
+        except Exception:
+            self.handleError(record)
 
 
 def pipeline_of(source: Any) -> Any:
@@ -128,9 +157,13 @@ class _Helper:
         self.writer = SegmentWriter(options.prefix, pool=2 if options.recycle else 0)
         self.segments = threading.Lock()  # held while a segment is made, and by a dying listener
         self.told_to_stop = False
+        self.sending = threading.Lock()
 
     def run(self, recipe: bytes) -> None:
         threading.Thread(target=self._listen, name="shardstream-helper-listener", daemon=True).start()
+        root = logging.getLogger()
+        root.addHandler(_ForwardLogs(self._send))
+        root.setLevel(self.options.log_level)
         try:
             source = _rebuild(recipe)
             _one_torch_thread()
@@ -168,7 +201,8 @@ class _Helper:
 
     def _send(self, message: Any) -> None:
         try:
-            self.conn.send(message)
+            with self.sending:  # (log records come from any thread)
+                self.conn.send(message)
         except OSError:  # the parent is gone; the listener ends us
             self.stop.set()
             raise Stopped() from None

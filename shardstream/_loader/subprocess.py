@@ -14,6 +14,7 @@ load_state_dict() and set_epoch() behave as if the pipeline ran here.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -266,7 +267,7 @@ class SubprocessIterator:
         options = HelperOptions(
             prefix=prefix, buffer=loader.buffer, parent_pid=os.getpid(), environ=environ,
             engine=engine_defaults(), allow_pipe=pipe_allowed(), allow_pickle=pickle_allowed(), preload=preload,
-            recycle=loader.recycle and recycling(),
+            recycle=loader.recycle and recycling(), log_level=logging.getLogger().getEffectiveLevel(),
         )
         ctx = _context(loader.context)
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -297,6 +298,9 @@ class SubprocessIterator:
             while True:
                 message = link.receive(self._timeout)
                 kind = message[0]
+                if kind == "log":
+                    _log(message[1])
+                    continue
                 if kind == "item":
                     _kind, encoded, report, dropped = message
                     link.removed(dropped)
@@ -327,6 +331,9 @@ class SubprocessIterator:
         """The report before the first item: wait for the helper to have started its pass."""
         while not self._started and not self._done:
             message = self._link.receive(self._timeout)
+            if message[0] == "log":
+                _log(message[1])
+                continue
             if message[0] != "start":
                 raise ShardStreamError(f"SubprocessLoader: expected the helper's start, got {message[0]!r}")
             self._note(message[1])
@@ -363,6 +370,14 @@ class SubprocessIterator:
             self.close()
         except Exception:  # interpreter shutdown
             pass
+
+
+def _log(fields: Dict[str, Any]) -> None:
+    """A log record of the helper, handed to this process's logger of the same name."""
+    record = logging.makeLogRecord(fields)
+    logger = logging.getLogger(record.name)
+    if logger.isEnabledFor(record.levelno):
+        logger.handle(record)
 
 
 def _rebuild(message: Any) -> BaseException:
