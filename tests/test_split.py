@@ -243,3 +243,58 @@ def test_elastic_resume_needs_counts_and_says_so(monkeypatch, server):
         ds.load_state_dict(states)
         with pytest.raises(wds.UsageError, match="sample count"):
             list(ds)
+
+
+def _rewritten(tmp_path, extra_fields: bool, samples: int):
+    """Three indexed local shards of 6 samples, then shard 1 rewritten in place (same keys
+    with fields added, or more samples) with its .idx and sizes.json left as they were."""
+    urls = []
+    for shard in range(3):
+        path = str(tmp_path / f"s-{shard}.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(6):
+                sink.write({"__key__": f"k{shard}_{i}", "txt": "caption", "cls": str(i)})
+        urls.append(path)
+    from shardstream.cli import main
+
+    assert main(["index", str(tmp_path), "-q"]) == 0
+    with wds.TarWriter(urls[1]) as sink:
+        for i in range(samples):
+            sink.write({"__key__": f"k1_{i}", "txt": "edited", "cls": str(i), **({"extra": "x"} if extra_fields and i < 2 else {})})
+    return urls
+
+
+def _ranks(urls, world, monkeypatch):
+    results = []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        try:
+            results.append([s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)])
+        except wds.FormatError as exn:
+            results.append(exn)
+    return results
+
+
+def test_a_stale_idx_is_an_error_not_split_samples(tmp_path, monkeypatch, capsys):
+    """The loader seeks by a shard's .idx to start mid-shard: where the shard was rewritten
+    after it was indexed, the key there is not the one the .idx names (a sample went to one rank
+    whole and to the next without a field, another was lost); verify says so too."""
+    urls = _rewritten(tmp_path, extra_fields=True, samples=6)
+    errors = [r for r in _ranks(urls, 4, monkeypatch) if isinstance(r, Exception)]
+    assert errors and all("stale index" in str(e) and e.url == urls[1] for e in errors)
+    from shardstream.cli import main
+
+    assert main(["verify", str(tmp_path), "--no-decode", "-q"]) == 1
+    assert "FAIL stale index: its .idx says sample 1 is 'k1_1' at byte" in capsys.readouterr().out
+
+
+def test_a_count_below_the_shard_s_samples_is_an_error_not_lost_samples(tmp_path, monkeypatch):
+    """sizes.json says 6, the shard now holds 8 (no .idx): the range that ends at the counted
+    end sees another sample begin, and says the count is stale (its samples were never read)."""
+    urls = _rewritten(tmp_path, extra_fields=False, samples=8)
+    for idx in tmp_path.glob("*.idx"):
+        idx.unlink()
+    results = _ranks(urls, 2, monkeypatch)
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert errors and all("holds more samples than its sample count" in str(e) for e in errors)

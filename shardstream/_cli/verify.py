@@ -1,18 +1,22 @@
 """`verify`: read every shard exactly as the loader does (its reader, its strictness), check the
-counts in sizes.json / .idx, decode every image (`--no-decode` skips), and check that every
+counts in sizes.json / .idx and each `.idx` line (where the loader seeks), decode every image (`--no-decode` skips), and check that every
 sample has the `--require`d fields. Each problem is reported with shard, member and byte offset;
 the exit status is 1 when anything failed."""
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import os
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .._shard.counts import known_counts
 from .._base.errors import FormatError, ShardStreamError
 from .._tar.keys import base_plus_ext
-from .._shard.members import iter_members
+from .._fetch.open import local_path_of
+from .._shard.index import read_index, walk_shard
+from .._shard.members import is_compressed_file, iter_members
 from .._shard.samples import TarShardSamples
 from .._shard.origin import open_origin
 from ._common import bar, is_image, say, shard_urls, worker_pool
@@ -83,6 +87,9 @@ def verify_shard(
     if expected is not None and expected != summary["samples"]:  # (a problem of a shard read to its end)
         lines.append(str(FormatError(f"the shard has {summary['samples']} samples, its sizes.json / .idx says "
                                      f"{expected}", url=url)))
+    stale = _stale_index(url)
+    if stale is not None:
+        lines.append(stale)
     if problems:
         where = _locate(url, problems[:SHOWN_PER_SHARD])
         for message, key, wanted in problems[:SHOWN_PER_SHARD]:
@@ -92,6 +99,24 @@ def verify_shard(
         if len(problems) > SHOWN_PER_SHARD:
             lines.append(f"... and {len(problems) - SHOWN_PER_SHARD} more problems in {url}")
     return summary, lines
+
+
+def _stale_index(url: str) -> Optional[str]:
+    """The first line of a local shard's `.idx` that disagrees with the shard (the loader seeks
+    by it to start mid-shard), as a printable problem; None when it agrees or there is none."""
+    path = local_path_of(url)
+    if path is None or not os.path.exists(path + ".idx") or is_compressed_file(path):
+        return None
+    entries = read_index(path + ".idx")
+    actual = walk_shard(path, url).samples
+    for number, (said, found) in enumerate(itertools.zip_longest(entries, actual)):
+        if said != found:
+            told = "nothing" if said is None else f"{said[1]!r} at byte {said[0]}"
+            held = "no such sample" if found is None else f"{found[1]!r} at byte {found[0]}"
+            return str(FormatError(f"stale index: its .idx says sample {number} is {told}, the shard has {held}; "
+                                   "run `shardstream index` on it again", url=url,
+                                   offset=None if found is None else found[0]))
+    return None
 
 
 def _check(url: str, require: Sequence[Tuple[str, ...]], decode: bool) -> Tuple[Optional[Dict[str, Any]], List[str]]:

@@ -246,8 +246,10 @@ class EqualSplit(PipelineStage):
             yield from itertools.islice(itertools.chain([first], src), rank, None, world)
             return
         urls = [source_url(item, False)[0] for item in itertools.chain([first], src)]
+        counts: Optional[List[int]]
         if history:
-            scheduler = ShardScheduler(self._shards(urls, self._counts(urls, required=True)), self.config)
+            counts = self._counts(urls, required=True)
+            scheduler = ShardScheduler(self._shards(urls, counts), self.config)
             plan = _pieces(scheduler.resume_plan(resume_state(scheduler, history, self.replay), rank, world, worker, workers))
         else:
             counts = self.prepare(urls, world)
@@ -262,7 +264,9 @@ class EqualSplit(PipelineStage):
             else:
                 plan = _pieces(scheduler.plan(epoch, rank, world, worker, workers))
         for piece in plan:
-            yield {"url": piece.url, "start": piece.start, "stop": piece.stop, WORKER_SPLIT: True}
+            # (a piece that ends where the count says the shard does: the reader checks it ends there)
+            counted = None if counts is None else counts[piece.shard_index]
+            yield {"url": piece.url, "start": piece.start, "stop": piece.stop, "counted": counted, WORKER_SPLIT: True}
 
     def prepare(self, urls: List[str], world: Optional[int] = None) -> Optional[List[int]]:
         """Decide how to split these shards on this world size: their sample counts (split by

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .._base.errors import FormatError
 from .._tar.keys import base_plus_ext, is_meta
@@ -18,7 +18,7 @@ from .._fetch.open import local_path_of
 from .._tar.reader import TarMember
 
 __all__ = [
-    "ShardSummary", "index_position", "read_index", "scan_shard", "summarize", "walk_shard", "write_index", "write_sizes",
+    "ShardSummary", "checked_start", "index_position", "read_index", "scan_shard", "summarize", "walk_shard", "write_index", "write_sizes",
 ]
 
 
@@ -111,13 +111,43 @@ def write_sizes(path: str, counts: Dict[str, int]) -> None:
     os.replace(temp, path)
 
 
-def index_position(url: str, sample: int) -> Tuple[int, int]:
+def index_position(url: str, sample: int) -> Tuple[int, int, Optional[str]]:
     """Where to start reading to reach sample number `sample` of a shard: (byte offset, samples
-    still to skip from there). Uses the `.idx` beside a local shard; (0, sample) without one."""
+    still to skip from there, the key the `.idx` says starts there). Uses the `.idx` beside a
+    local shard; (0, sample, None) without one."""
     path = local_path_of(url)
     if path is None or not os.path.exists(path + ".idx") or is_compressed_file(path):
-        return 0, sample  # (a gzip shard's offsets are in the inflated stream: no seeking)
+        return 0, sample, None  # (a gzip shard's offsets are in the inflated stream: no seeking)
     entries = read_index(path + ".idx")
     if sample >= len(entries):
-        return 0, sample
-    return entries[sample][0], 0
+        return 0, sample, None
+    return entries[sample][0], 0, entries[sample][1]
+
+
+def checked_start(batches: Iterable[List[TarMember]], url: str, sample: int, offset: int,
+                  key: str) -> Iterator[List[TarMember]]:
+    """`batches` read from `offset`, where the `.idx` says sample number `sample` (`key`) starts:
+    a FormatError naming the stale index when the shard holds no header of that sample there (a
+    shard rewritten after it was indexed: seeking on would split samples or repeat them)."""
+    first = True
+    try:
+        for batch in batches:
+            if first and batch:
+                name, _data, at = batch[0]
+                if at != offset or base_plus_ext(name)[0] != key:
+                    raise FormatError(
+                        f"stale index: its .idx says sample {sample} ({key!r}) starts at byte {offset}, but the "
+                        f"shard holds {name!r} at byte {at}; run `shardstream index` on it again",
+                        url=url, member=name, offset=at)
+                first = False
+            yield batch
+    except FormatError as exn:
+        if first and not str(exn).startswith("stale index"):
+            raise FormatError(f"stale index: its .idx says sample {sample} ({key!r}) starts at byte {offset}, "
+                              f"where the shard holds no member header ({exn.message}); run `shardstream index` "
+                              "on it again", url=url, offset=offset) from exn
+        raise
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # (the mapped file, now: the caller closes this generator, not the one inside)

@@ -32,7 +32,7 @@ from .._stages.resumable import ResumeTraits
 from .._tar.keys import base_plus_ext, is_meta
 from .._tar.reader import TarMember
 from .hits import hit_member_batches, open_hit
-from .index import index_position
+from .index import checked_start, index_position
 from .members import SourceStats, member_batches
 from .origin import open_origin, pulling, shard_range, source_url
 
@@ -52,11 +52,14 @@ def shard_samples(
     skip: int = 0,
     limit: Optional[int] = None,
     cursor: Optional["ShardCursor"] = None,
+    ends_shard: bool = False,
 ) -> Iterator[Dict[str, Any]]:
     """Yield the samples of one shard, given its members in batches (see `_shard.members`).
 
-    `skip` samples are dropped first and at most `limit` are yielded (a shard range). A `cursor`
-    is advanced before each yield: samples read, and the byte offset where the next one starts.
+    `skip` samples are dropped first and at most `limit` are yielded (a shard range; with
+    `ends_shard`, a count says the range ends where the shard does, and another sample after it
+    is a FormatError: the count is stale, and its samples would be lost). A `cursor` is advanced
+    before each yield: samples read, and the byte offset where the next one starts.
 
     Consecutive members with the same key form a sample; samples never span shards. A format or
     fetch error propagates (the caller's handler decides about the shard); the sample being
@@ -102,6 +105,11 @@ def shard_samples(
                             if limit is not None:
                                 limit -= 1
                                 if limit <= 0:
+                                    if ends_shard:
+                                        raise FormatError(
+                                            "the shard holds more samples than its sample count (sizes.json or .idx) "
+                                            "says: the count is stale (run `shardstream index` on it again)",
+                                            url=url, member=name, offset=offset)
                                     return
                     current_key = key
                     current = {"__key__": key, "__url__": url}
@@ -314,19 +322,22 @@ class TarShardSamples(PipelineStage):
     def _shard(
         self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,
         ready: Optional[ChunkStream] = None, cursor: Optional[ShardCursor] = None, offset: Optional[int] = None,
+        ends_shard: bool = False,
     ) -> Iterator[Dict[str, Any]]:
         """The samples [start, stop) of one shard. To start mid-shard it seeks to `offset` (the
         byte offset of sample `start`, from a resume position) or to the offset in an `.idx`
         beside a local shard; else it reads from the shard's start and skips."""
-        skip = 0
+        skip, indexed = 0, None
         if self.opener is not None:  # it can only read a shard from its start
             offset, skip = 0, start
         elif offset is None:
-            offset, skip = index_position(url, start) if start else (0, 0)
+            offset, skip, indexed = index_position(url, start) if start else (0, 0, None)
         if stop is not None and stop <= start:
             return
         info = cursor.info if cursor is not None and self.opener is None else None  # offsets only where we can seek
         batches = self.batches(url, offset, ready if not offset else None, info)
+        if indexed is not None:
+            batches = checked_start(batches, url, start, offset, indexed)
         samples = shard_samples(
             batches,
             url,
@@ -337,6 +348,7 @@ class TarShardSamples(PipelineStage):
             skip=skip,
             limit=None if stop is None else stop - start,
             cursor=cursor,
+            ends_shard=ends_shard,
         )
         try:
             yield from samples
@@ -426,7 +438,9 @@ class TarShardSamples(PipelineStage):
                 cursor.start(index, start - shard_range(item)[0])
                 count = 0
                 try:
-                    for sample in self._shard(url, local_path, start, stop, ready, cursor, offset):
+                    counted = item.get("counted") if isinstance(item, dict) else None
+                    ends_shard = counted is not None and stop == counted and self._counts_samples()
+                    for sample in self._shard(url, local_path, start, stop, ready, cursor, offset, ends_shard):
                         count += 1
                         if not count & 31 and ahead:
                             fill()
