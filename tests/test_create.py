@@ -470,6 +470,24 @@ def test_overwrite_leaves_only_this_runs_shards(folder, created, tmp_path):
     assert len(list(wds.WebDataset(str(dest) + "/", shardshuffle=False))) == SAMPLES
 
 
+def test_a_failed_overwrite_leaves_no_shard_of_the_earlier_dataset(folder, tmp_path):
+    """--overwrite whose run fails part way: DEST held the earlier dataset's later shards beside
+    the new first one, and the earlier sizes.json, which still counted them; now it holds what
+    this run wrote and no sizes.json (nothing there counts shards it does not hold)."""
+    dest = tmp_path / "out"
+    code, _, err = cli("create", folder, dest, "--maxcount", 5, "--workers", 1)
+    assert code == 0, err
+    before = sorted(n for n in os.listdir(dest) if n.endswith(".tar"))
+    image = str(next(p for p in (folder / "cat").iterdir() if p.suffix == ".jpg"))
+    manifest = _manifest(tmp_path / "m.csv", [[image], [image], [str(tmp_path / "missing.jpg")], [image]], header=["url"])
+    code, _, err = cli("create", manifest, dest, "--maxcount", 2, "--workers", 1, "--overwrite")
+    assert code == 1 and "missing.jpg" in err
+    left = sorted(os.listdir(dest))
+    assert "sizes.json" not in left and "classes.json" not in left
+    assert [n for n in left if n.endswith(".tar")] == ["shard-000000.tar"] and len(before) > 1
+    assert len(list(wds.WebDataset(str(dest / "shard-000000.tar"), shardshuffle=False))) == 2
+
+
 def test_s3_as_dest(folder, created, s3_env, s3_admin, tmp_path):
     s3_admin.create_bucket(Bucket="made")
     code, out, err = cli("create", folder, "s3://made/train", "--maxcount", 7, "--seed", 3, "--workers", 2)

@@ -59,18 +59,21 @@ def _json_bytes(value: Dict[str, int]) -> bytes:
 
 
 def _clear_for_overwrite(dest: Destination, pattern: str, planned: Set[str], mine: Set[str], stale: bool) -> None:
-    """--overwrite, before writing: the DALI indexes of this process's shards go (a shard rewritten
-    without one, compressed or --no-dali, must not keep an index of other bytes), and with `stale`
-    (one process does it) the shards of an earlier, larger run (named by the same pattern, not in
-    this plan) with their indexes, so that DEST holds this run's dataset and nothing else."""
+    """--overwrite, before writing: this process's shards go, with their indexes (a run that
+    fails part way must not leave the earlier dataset's shards beside its own), and with `stale`
+    (one process does it) `sizes.json` and `classes.json` and the shards of an earlier, larger run
+    (named by the same pattern, not in this plan), so that DEST holds this run's dataset and
+    nothing else: all of it once the run succeeds, part of it without `sizes.json` if it fails."""
     head, _, tail = re.split(r"(%0?\d*d)", pattern, maxsplit=1)
     named = re.compile(re.escape(head) + r"\d+" + re.escape(tail) + r"(\.idx|\.dali\.idx)?")
     for name in dest.names():
         match = named.fullmatch(name)
         if match is None:
+            if stale and name in ("sizes.json", "classes.json"):
+                dest.remove(name)
             continue
         shard = name[: len(name) - len(match.group(1) or "")]
-        if (stale and shard not in planned) or (shard in mine and match.group(1) == ".dali.idx"):
+        if (stale and shard not in planned) or shard in mine:
             dest.remove(name)
 
 
