@@ -593,3 +593,18 @@ def test_the_module_and_the_console_script_create_alike(folder, tmp_path):
         runs.append((done.returncode, done.stdout.split(" in ")[0].replace(name, "X")))
     assert runs[0] == runs[1] and runs[0][0] == 0
     assert tree(tmp_path / "module") == tree(tmp_path / "script")
+
+
+def test_odd_manifests_and_sizes_are_clear_errors(folder, tmp_path):
+    """A .jsonl row that is not an object (it was an AttributeError traceback), a bad line
+    (reported as line 1 whatever its number) and --maxsize nan (taken as no limit)."""
+    image = str(next(p for p in (folder / "cat").iterdir() if p.suffix == ".jpg"))
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    code, _, err = cli("create", tmp_path / "list.jsonl", tmp_path / "a")
+    assert code == 1 and "line 1: want a JSON object" in err and "Traceback" not in err
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"url": image}) + "\n{bad json\n")
+    code, _, err = cli("create", tmp_path / "bad.jsonl", tmp_path / "b")
+    assert code == 1 and "bad.jsonl: line 2:" in err
+    for size in ("nan", "inf"):
+        code, _, err = cli("create", folder, tmp_path / "c", "--maxsize", size)
+        assert code == 2 and "--maxsize must be a positive number" in err, err

@@ -38,10 +38,20 @@ def _records(url: str) -> List[Dict[str, Any]]:
             return pq.read_table(io.BytesIO(data)).to_pylist()
         text = data.decode("utf-8-sig")
         if name.endswith((".jsonl", ".ndjson")):
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
+            rows = []
+            for number, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError as exn:
+                        raise UsageError(f"cannot read manifest {redact(url)}: line {number}: {exn}") from None
+                    if not isinstance(rows[-1], dict):
+                        raise UsageError(f"manifest {redact(url)} line {number}: want a JSON object (one per sample), "
+                                         f"got {type(rows[-1]).__name__}")
+            return rows
         if name.endswith(".json"):
             loaded = json.loads(text)
-            if not isinstance(loaded, list):
+            if not isinstance(loaded, list) or not all(isinstance(row, dict) for row in loaded):
                 raise UsageError("a .json manifest holds a list of objects (one per sample)")
             return loaded
         return list(csv.DictReader(io.StringIO(text), delimiter="\t" if name.endswith(".tsv") else ","))

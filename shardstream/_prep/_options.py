@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -71,8 +73,8 @@ class CreateOptions:
             raise OptionError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.maxcount < 1:
             raise OptionError("--maxcount must be at least 1")
-        if self.maxsize is not None and self.maxsize <= 0:
-            raise OptionError("--maxsize must be positive")
+        if self.maxsize is not None and not 0 < self.maxsize < math.inf:  # (nan and inf too)
+            raise OptionError(f"--maxsize must be a positive number of bytes, got {self.maxsize}")
         if self.max_side is not None and self.max_side < 1:
             raise OptionError("--max-side must be at least 1")
         if self.quality is not None and not 1 <= self.quality <= 100:
