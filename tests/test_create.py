@@ -608,3 +608,24 @@ def test_odd_manifests_and_sizes_are_clear_errors(folder, tmp_path):
     for size in ("nan", "inf"):
         code, _, err = cli("create", folder, tmp_path / "c", "--maxsize", size)
         assert code == 2 and "--maxsize must be a positive number" in err, err
+
+
+def test_the_temp_files_of_dead_writers_on_this_host_are_cleaned_up(folder, tmp_path):
+    """A worker killed mid-shard leaves its temp file; the next run into DEST removes it (it
+    survived --overwrite), but not a live writer's, nor one from another host sharing DEST."""
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    host = socket.gethostname()
+    left = {f".shard-000001.tar.tmp{host}-{dead.stdout.strip()}": False,
+            f".shard-000002.tar.tmp{host}-{os.getpid()}": True,
+            f".shard-000003.tar.tmpsome-other-host-{dead.stdout.strip()}": True}
+    for name in left:
+        (dest / name).write_bytes(b"partial")
+    code, _, err = cli("create", folder, dest, "--maxcount", 50, "--workers", 1, "--overwrite")
+    assert code == 0, err
+    assert {name: (dest / name).exists() for name in left} == left

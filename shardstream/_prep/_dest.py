@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
 from typing import Any, BinaryIO, Iterator, List, Optional, Tuple
 
 from .._base.errors import UsageError
@@ -16,6 +18,22 @@ from .._fetch.open import local_path_of
 from .._base.redact import redact
 
 __all__ = ["Destination"]
+
+
+# What `open` writes before the file is complete: named by host and pid, so that a run cleans up
+# only the temp files of its own host's dead writers (ranks on other hosts may share DEST).
+_HOST = socket.gethostname()
+_TEMP = re.compile(r"\..+\.tmp" + re.escape(_HOST) + r"-(\d+)")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: running
+        return True
+    return True
 
 
 class Destination:
@@ -46,9 +64,15 @@ class Destination:
         return os.path.join(self.local, name) if self.local is not None else f"{self.url}/{name}"
 
     def prepare(self) -> None:
-        """Create the directory (local) or check that it can be reached (remote)."""
+        """Create the directory (local) or check that it can be reached (remote). Temp files
+        of this host's writers that are gone (a worker killed mid-shard) are removed."""
         if self.local is not None:
             os.makedirs(self.local, exist_ok=True)
+            for name in os.listdir(self.local):
+                match = _TEMP.fullmatch(name)
+                if match is not None and not _running(int(match.group(1))):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.local, name))
             return
         fs, root = self._remote()
         with contextlib.suppress(NotImplementedError):
@@ -65,7 +89,7 @@ class Destination:
         """A binary stream for `name`; the file appears only when the block ends without error."""
         if self.local is not None:
             final = os.path.join(self.local, name)
-            temp = os.path.join(self.local, f".{name}.tmp{os.getpid()}")
+            temp = os.path.join(self.local, f".{name}.tmp{_HOST}-{os.getpid()}")
             try:
                 with open(temp, "wb") as f:
                     yield f

@@ -12,6 +12,7 @@ import os
 import pickle
 import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from .._base.errors import ShardStreamError, UsageError
@@ -42,6 +43,10 @@ def run_local(tasks: Sequence[ShardTask], ctx: WriteContext, workers: int, on_re
                 future.cancel()
             if isinstance(exn, KeyboardInterrupt):  # stop the shards being written: their temp files go
                 _stop_workers(pool)
+            if isinstance(exn, BrokenProcessPool):
+                raise ShardStreamError(
+                    "a worker process died while writing shards (killed, or out of memory?): the shards it and "
+                    "the others were writing are not written; run again with --overwrite") from None
             raise
 
 
