@@ -632,18 +632,40 @@ def _set_epoch(loader, epoch):
     return loader
 
 
+def _resumed_after(build, head, passes=0):
+    """Run `passes` whole passes of a fresh build(), then `head` items of the next, and load its
+    state (through JSON, as a checkpoint file holds it) into another fresh build(): (the items
+    before the checkpoint, the resumed loader or dataset)."""
+    run = build()
+    for _ in range(passes):
+        list(run)
+    it = iter(run)
+    before = [next(it) for _ in range(head)]
+    state = json.loads(json.dumps(run.state_dict()))
+    del it
+    resumed = build()
+    resumed.load_state_dict(state)
+    return before, resumed
+
+
+def _shards_read(monkeypatch, urls, epoch, seed=5, nodesplitter=None, **layout):
+    """The shards, in order, that WebDataset(shardshuffle=100) reads in `epoch` where the layout
+    variables (WORKER, NUM_WORKERS, RANK, WORLD_SIZE) say."""
+    for name, value in layout.items():
+        monkeypatch.setenv(name, str(value))
+    ds = wds.WebDataset(urls, shardshuffle=100, seed=seed, nodesplitter=nodesplitter)
+    ds.set_epoch(epoch)
+    return list(dict.fromkeys(s["__url__"] for s in ds))
+
+
 def test_each_worker_orders_its_shards_afresh_every_epoch(monkeypatch, uneven_shards):
     """shardshuffle=N runs after the worker split: epoch 0 is webdataset's order (every worker's
     shuffle seeded alike), later epochs are seeded per worker too. Seeded alike, two workers put
     their shards in the same positions every epoch, and whole epochs repeated (3 of 6 here)."""
     urls = uneven_shards[:6]
-    monkeypatch.setenv("NUM_WORKERS", "2")
 
     def order(worker, epoch):
-        monkeypatch.setenv("WORKER", str(worker))
-        ds = wds.WebDataset(urls, shardshuffle=100, seed=5, nodesplitter=None)
-        ds.set_epoch(epoch)
-        return list(dict.fromkeys(s["__url__"] for s in ds))
+        return _shards_read(monkeypatch, urls, epoch, WORKER=worker, NUM_WORKERS=2)
 
     def positions(shards):  # the permutation a worker applied to its own shards
         return [sorted(shards).index(u) for u in shards]
@@ -662,13 +684,9 @@ def test_each_worker_reads_other_shards_every_epoch(monkeypatch, uneven_shards):
     worker) before the split, so each worker gets other shards, not the same ones reordered,
     and together the workers still read every shard once."""
     urls = uneven_shards[:6]
-    monkeypatch.setenv("NUM_WORKERS", "2")
 
     def shards(worker, epoch):
-        monkeypatch.setenv("WORKER", str(worker))
-        ds = wds.WebDataset(urls, shardshuffle=100, seed=5, nodesplitter=None)
-        ds.set_epoch(epoch)
-        return list(dict.fromkeys(s["__url__"] for s in ds))
+        return _shards_read(monkeypatch, urls, epoch, WORKER=worker, NUM_WORKERS=2)
 
     subsets = []
     for epoch in range(6):
@@ -795,14 +813,7 @@ def test_persistent_workers_resume_a_later_with_epoch_iteration_exactly(uneven_s
 
     reference = build()
     expected = [list(reference) for _ in range(3)]
-    run = build()
-    list(run)
-    it = iter(run)
-    head = [next(it) for _ in range(7)]
-    state = json.loads(json.dumps(run.state_dict()))
-    del it
-    resumed = build()
-    resumed.load_state_dict(state)
+    head, resumed = _resumed_after(build, 7, passes=1)
     assert head + list(resumed) == expected[1]
     assert list(resumed) == expected[2]
 
@@ -818,13 +829,7 @@ def test_a_webloader_over_a_mix_keeps_a_state(uneven_shards, mix):
         return wds.WebLoader(mixed, batch_size=None, num_workers=0)
 
     full = list(build())
-    run = build()
-    it = iter(run)
-    head = [next(it) for _ in range(7)]
-    state = run.state_dict()
-    del it
-    resumed = build()
-    resumed.load_state_dict(state)
+    head, resumed = _resumed_after(build, 7)
     assert head + list(resumed) == full
     with pytest.raises(wds.UsageError, match="needs batch_size=None .*got batch_size=4"):
         wds.WebLoader(wds.WebDataset(uneven_shards, shardshuffle=False), batch_size=4).state_dict()
@@ -861,14 +866,11 @@ def test_ranks_spread_shards_only_on_a_seed_they_share(monkeypatch, uneven_shard
     with a seed chosen by the user they do (and read new shards every epoch); with a seed drawn
     per process they could not, so the list is split as it stands, as in epoch 0."""
     urls = uneven_shards[:6]
-    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("WDS_SEED", raising=False)
 
     def shards(rank, epoch):
-        monkeypatch.setenv("RANK", str(rank))
-        ds = wds.WebDataset(urls, shardshuffle=100, seed=seed, nodesplitter=lambda src: wds.split_by_node(src))
-        ds.set_epoch(epoch)
-        return list(dict.fromkeys(s["__url__"] for s in ds))
+        return _shards_read(monkeypatch, urls, epoch, seed=seed, nodesplitter=lambda src: wds.split_by_node(src),
+                            RANK=rank, WORLD_SIZE=2)
 
     subsets = set()
     for epoch in range(4):
@@ -1048,14 +1050,7 @@ def test_resume_in_a_later_automatic_epoch(monkeypatch, uneven_shards, kind):
     reference = build()
     epoch0, epoch1, epoch2 = list(reference), list(reference), list(reference)
     assert epoch0 != epoch1
-    run = build()
-    list(run)
-    it = iter(run)
-    head = [next(it) for _ in range(9)]
-    state = json.loads(json.dumps(run.state_dict()))
-    del it
-    resumed = build()
-    resumed.load_state_dict(state)
+    head, resumed = _resumed_after(build, 9, passes=1)
     assert head + list(resumed) == epoch1
     assert list(resumed) == epoch2
 
