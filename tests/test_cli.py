@@ -83,6 +83,23 @@ def test_index_writes_offsets_and_sizes(shardset, tmp_path, capsys):
         assert offset == min(o for name, o in members.items() if name.startswith(key + "."))
 
 
+def test_names_with_hash_and_question_marks_are_names_outside_http(tmp_path, capsys):
+    """Only an http(s) URL has a query and a fragment: `a#1.tar` and `a#2.tar` (a file, or an S3
+    key) are two shards, not both `a` (sizes.json and the .idx files were one, overwritten)."""
+    paths = []
+    for n, count in ((1, 2), (2, 5)):
+        path = str(tmp_path / f"a#{n}?.tar")
+        write_tar(path, [m for i in range(count) for m in sample_members(10 * n + i, exts=("cls",))])
+        paths.append(path)
+    assert main(["index", "::".join(paths), "-q"]) == 0
+    assert json.load(open(tmp_path / "sizes.json")) == {"a#1?.tar": 2, "a#2?.tar": 5}
+    assert all(os.path.exists(path + ".idx") for path in paths)
+    from shardstream._plan.urls import shard_name
+
+    assert shard_name("https://h/d/a.tar?X-Amz-Signature=1#f") == "a.tar"
+    assert shard_name("s3://b/d/a#1.tar") == "a#1.tar"
+
+
 def test_inspect_prints_samples(shardset, capsys):
     assert main(["inspect", shardset[0], "-n", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

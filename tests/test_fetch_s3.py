@@ -199,6 +199,27 @@ def test_bad_urls_are_usage_errors(s3_env):
             run(lambda: collect(url))
     with pytest.raises(UsageError):
         run(lambda: collect("s3://b/k", start=-1))
+    for url in ("s3://b", "s3://b/"):  # (botocore's "Invalid length for parameter Key" before)
+        with pytest.raises(UsageError, match="without a key"):
+            run(lambda: collect(url))
+
+
+def test_credentials_in_an_s3_url_are_refused_and_never_shown(s3_env):
+    """botocore quoted the bucket part of s3://user:pass@bucket/key, password and all, as an
+    invalid bucket name; there are no credentials in an s3:// URL: refused, redacted."""
+    with pytest.raises(UsageError, match="holds no credentials") as info:
+        run(lambda: collect("s3://AKID:hunter2secret@bkt/x.tar"))
+    assert "hunter2secret" not in str(info.value) and "hunter2secret" not in repr(info.value)
+
+
+def test_aws_region_names_the_region_where_nothing_else_does(s3_env, monkeypatch):
+    """botocore reads AWS_DEFAULT_REGION and profiles, not AWS_REGION (the variable the other SDKs
+    and container platforms set)."""
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    assert run(lambda: client_for(Options())).meta.region_name == "eu-west-3"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")  # the one botocore reads wins
+    assert run(lambda: client_for(Options())).meta.region_name == "ap-south-1"
 
 
 def test_connection_refused_retries_then_network_error(s3_env, monkeypatch):

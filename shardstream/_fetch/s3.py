@@ -143,12 +143,18 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
 # ---- streaming ------------------------------------------------------------------------------
 
 
-def _split(url: str) -> Tuple[str, str]:
+def _split(url: str, object_key: bool = False) -> Tuple[str, str]:
+    """(bucket, key) of an s3:// URL; with `object_key`, the key must name an object."""
     if not url.startswith("s3://"):
         raise UsageError("not an s3:// URL", url=url)
     bucket, _, key = url[len("s3://"):].partition("/")
     if not bucket:
         raise UsageError("S3 URL without a bucket", url=url)
+    if "@" in bucket:  # (botocore would quote it, password and all, as an invalid bucket name)
+        raise UsageError("an s3:// URL holds no credentials (they come from the AWS configuration): "
+                         "no '@' in the bucket name", url=url)
+    if object_key and not key:
+        raise UsageError("S3 URL without a key: name an object (s3://bucket/key)", url=url)
     return bucket, key
 
 
@@ -270,7 +276,7 @@ async def s3_stream(url: str, *, options: FetchOptions, start: int = 0) -> Async
             (NetworkError / FetchTimeout then). Every error carries the URL and the offset reached.
         UsageError: `url` is not `s3://bucket/key`.
     """
-    _split(url)  # a malformed URL is a usage error, before any client is made
+    _split(url, object_key=True)  # a malformed URL is a usage error, before any client is made
     if start < 0:
         raise UsageError(f"negative start {start}", url=url)
     lease = await _retrying(lambda: lease_client(options), url=url, options=options, offset=lambda: start)

@@ -243,7 +243,10 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
             response_checksum_validation="when_required",
             signature_version=UNSIGNED if anonymous else None,
         )
-        context = session.create_client("s3", config=config)
+        # botocore reads AWS_DEFAULT_REGION and profiles, not AWS_REGION (what the other AWS SDKs
+        # and most container platforms set): it counts where nothing else names a region.
+        region = None if session.get_config_variable("region") else os.environ.get("AWS_REGION") or None
+        context = session.create_client("s3", config=config, region_name=region)
         client = await context.__aenter__()
     except asyncio.CancelledError:
         _forget(key, ready)

@@ -13,7 +13,7 @@ import braceexpand
 
 from .._base.errors import UsageError
 
-__all__ = ["envlookup", "envsubst", "expand_urls", "shard_name"]
+__all__ = ["envlookup", "envsubst", "expand_urls", "shard_name", "without_query"]
 
 _VAR = re.compile(r"\$\{(\w+)\}")
 
@@ -60,6 +60,16 @@ def expand_urls(urls: Union[str, Iterable[str]]) -> List[str]:
     return result
 
 
+def without_query(url: str) -> str:
+    """An http(s) URL without its query and fragment (a signed URL's signature changes, the
+    object does not); any other URL or path as it is: in an S3 key or a file name, `?` and `#`
+    are part of the name."""
+    if url[:8].lower().startswith(("http://", "https://")):
+        return url.split("#", 1)[0].split("?", 1)[0]
+    return url
+
+
 def shard_name(url: str) -> str:
-    """The file name of a shard URL or path, without query or fragment (what sizes.json keys)."""
-    return url.split("#", 1)[0].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    """The file name of a shard URL or path, without an http(s) query or fragment (what
+    sizes.json keys)."""
+    return without_query(url).rstrip("/").rsplit("/", 1)[-1]

@@ -16,6 +16,7 @@ import hashlib
 from typing import Any, Dict, List, Mapping, Sequence
 
 from .._base.errors import UsageError
+from .._plan.urls import without_query
 
 __all__ = ["STATE_FORMAT", "check_state", "fingerprint"]
 
@@ -41,7 +42,7 @@ def _shards(source: Any) -> Dict[str, Any]:
         return {"source": type(source).__name__}
     digest = hashlib.blake2b(digest_size=12)
     for url in urls:
-        digest.update(url.split("?", 1)[0].encode("utf-8", "surrogateescape") + b"\n")
+        digest.update(without_query(url).encode("utf-8", "surrogateescape") + b"\n")
     return {"count": len(urls), "digest": digest.hexdigest()}
 
 
