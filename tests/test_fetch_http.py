@@ -313,6 +313,66 @@ def test_a_lying_content_length_gives_way_to_content_range(files):
         run_coroutine(runner.cleanup()).result(5)
 
 
+async def _bare(request, status, body, headers, content_length=None, cut=None):
+    """A response with exactly `headers` (no ETag unless given); cut short by a clean close."""
+    response = web.StreamResponse(status=status, headers=headers)
+    if content_length is not None:
+        response.content_length = content_length
+    else:
+        response.enable_chunked_encoding()
+    await response.prepare(request)
+    await response.write(body if cut is None else body[:cut])
+    if cut is not None:
+        request.transport.close()
+    return response
+
+
+@pytest.mark.parametrize("later", ["no validator", "other Last-Modified"])
+def test_a_resume_without_the_objects_validator_is_another_version(files, later):
+    """The first response shows ETag "v1"; the resume's (a 200: a server that honours If-Range
+    answers a replaced object so) shows no ETag: another version of the same size, spliced in
+    before. It is refused as a changed object, after asking again."""
+    data = files[1]["big.bin"]
+    other = bytes(reversed(data))
+    calls = []
+
+    async def handle(request):
+        calls.append(request.headers.get("Range"))
+        if len(calls) == 1:
+            return await _bare(request, 200, data, {"ETag": '"v1"', "Last-Modified": "Mon, 01 Jan 2024 00:00:00 GMT"},
+                               len(data), cut=len(data) // 2)
+        headers = {} if later == "no validator" else {"Last-Modified": "Tue, 02 Jan 2024 00:00:00 GMT"}
+        return await _bare(request, 200, other, headers, len(other))
+
+    runner, url = serve_app(handle)
+    try:
+        with pytest.raises(FetchError, match='object changed during the download .ETag "v1" -> none'):
+            fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1))
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
+def test_a_416_without_the_objects_size_after_a_break_is_an_error(files):
+    """A chunked body (no length) breaks; the resume's Range gets a 416 that does not say the
+    object's size: the bytes so far were taken as the whole object (a shard cut in half, with a
+    warning at most). Now an error: nothing says they are."""
+    data = files[1]["big.bin"]
+    calls = []
+
+    async def handle(request):
+        calls.append(request.headers.get("Range"))
+        if len(calls) == 1:
+            return await _bare(request, 200, data, {"ETag": '"v1"'}, cut=len(data) // 2)
+        return web.Response(status=416, headers={"ETag": '"v1"'})
+
+    runner, url = serve_app(handle)
+    try:
+        with pytest.raises(FetchError, match="without the object's size"):
+            fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1))
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
 def test_a_body_longer_than_the_object_is_an_error(files):
     data = files[1]["small.bin"]
 

@@ -137,10 +137,13 @@ class _Transfer:
         if status == 416 and (self.received > 0 or self.stop is not None):
             match = _CONTENT_RANGE.fullmatch(resp.headers.get(hdrs.CONTENT_RANGE, "").strip())
             size = int(match.group(3)) if match and match.group(3) != "*" else None
-            if size == self.received or (size is None and self.total is None):
+            if size == self.received:
                 self.total = self.received  # we already have every byte (a lying length got us here)
                 self.total_exact = True
                 return None
+            if size is None:  # (a chunked body that broke may have ended anywhere: not "complete")
+                raise self.error(f"{what} to a range from byte {self.received}, without the object's size (no "
+                                 "Content-Range): cannot tell whether the bytes so far are the whole object")
             if size is not None and size > self.received:  # inside the object: the server refuses our range
                 raise self.error(f"{what}: the server refused a range inside the object (from byte {self.received} "
                                  f"of {size})")
@@ -189,11 +192,15 @@ class _Transfer:
             raise self.error(f"object is shorter ({self.total} bytes) than the bytes already received")
 
     def _check_same_object(self, resp: aiohttp.ClientResponse) -> None:
+        """Every response must carry the validator the object has shown (its ETag, else its
+        Last-Modified) and the same value: one without it may be another version (a server that
+        honours If-Range answers a replaced object with a 200 that may carry neither)."""
         etag, modified = resp.headers.get(hdrs.ETAG), resp.headers.get(hdrs.LAST_MODIFIED)
-        if self.etag and etag and etag != self.etag:
-            self._other_copy(resp, f"ETag {self.etag} -> {etag}")
-        if not self.etag and self.last_modified and modified and modified != self.last_modified:
-            self._other_copy(resp, f"Last-Modified {self.last_modified} -> {modified}")
+        if self.etag:
+            if etag != self.etag and not (etag is None and self.last_modified and modified == self.last_modified):
+                self._other_copy(resp, f"ETag {self.etag} -> {etag or 'none'}")
+        elif self.last_modified and modified != self.last_modified:
+            self._other_copy(resp, f"Last-Modified {self.last_modified} -> {modified or 'none'}")
         self.etag, self.last_modified = etag or self.etag, modified or self.last_modified
 
     def _other_copy(self, resp: aiohttp.ClientResponse, change: str) -> None:
