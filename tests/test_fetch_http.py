@@ -373,6 +373,35 @@ def test_a_416_without_the_objects_size_after_a_break_is_an_error(files):
         run_coroutine(runner.cleanup()).result(5)
 
 
+def test_a_server_that_sends_a_byte_per_connection_is_given_up_on(files):
+    """Each attempt delivered one byte, then stalled: an attempt that delivers anything used to
+    start the retry count again, so the download never ended (13 requests in 20 s for one shard
+    with retries=1). Under 64 KiB (or the rest of the object) is no progress now."""
+    data = files[1]["big.bin"]
+    calls = []
+
+    async def handle(request):
+        calls.append(request.headers.get("Range"))
+        first = int(request.headers["Range"][6:-1]) if "Range" in request.headers else 0
+        response = web.StreamResponse(status=206 if first else 200, headers={"ETag": '"v1"'})
+        response.content_length = len(data) - first
+        if first:
+            response.headers["Content-Range"] = f"bytes {first}-{len(data) - 1}/{len(data)}"
+        await response.prepare(request)
+        await response.write(data[first:first + 1])
+        await asyncio.sleep(1)  # then silence, past the stall timeout
+        return response
+
+    runner, url = serve_app(handle)
+    try:
+        with pytest.raises(FetchTimeout, match="gave up after 3 attempts"):
+            fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1, stall_timeout=0.3,
+                                        retries=2))
+        assert len(calls) == 3
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
 def test_a_body_longer_than_the_object_is_an_error(files):
     data = files[1]["small.bin"]
 

@@ -373,12 +373,21 @@ def test_retries_are_spent_on_a_body_that_keeps_breaking(bucket, s3_admin, proxy
 
 
 def test_progress_between_breaks_refills_the_retry_budget(bucket, s3_admin, proxy):
-    data = payload(300 * KB)
+    data = payload(500 * KB)
     s3_admin.put_object(Bucket=bucket, Key="k.tar", Body=data)
-    proxy.breaks[:] = [40 * KB] * 6  # six breaks, each after some progress
+    proxy.breaks[:] = [70 * KB] * 6  # six breaks, each after progress (64 KiB or more)
     before = _s3.s3_stats.snapshot()
     assert b"".join(run(lambda: collect(f"s3://{bucket}/k.tar", Options(retries=1)))) == data
     assert delta(before)["resumes"] == 6
+
+
+def test_a_trickle_between_breaks_is_no_progress(bucket, s3_admin, proxy):
+    """Attempts that each deliver a little (under 64 KiB) and break do not refill the budget: a
+    server that sends a few bytes per connection is given up on, not retried for ever."""
+    s3_admin.put_object(Bucket=bucket, Key="k.tar", Body=payload(500 * KB))
+    proxy.breaks[:] = [10 * KB] * 6
+    with pytest.raises(NetworkError, match="gave up|connection failed"):
+        run(lambda: collect(f"s3://{bucket}/k.tar", Options(retries=2)))
 
 
 def test_early_break_by_the_consumer(bucket, s3_admin):

@@ -20,7 +20,7 @@ from aiohttp import hdrs
 
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, safe_cause
 from .._base.redact import redact, redact_url, url_secrets
-from .retries import backoff_delay, log_retry, watch
+from .retries import backoff_delay, log_retry, made_progress, watch
 from .options import FetchOptions, note_fetch, note_size
 from .environ import origin_settings
 from .loop import get_session
@@ -295,7 +295,7 @@ async def http_stream(
     timeout = _timeout(options)
     transfer = _Transfer(url, start, stop)
     with watch(url, options) as silence:  # a silent transfer is reported before it times out
-        failures = 0  # consecutive attempts that failed without delivering a byte
+        failures = 0  # consecutive attempts that failed without progress (see made_progress)
         while not transfer.complete:
             attempt_start = transfer.received
             try:
@@ -366,7 +366,8 @@ async def http_stream(
                 retry_after = None
             if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
                 return
-            failures = 1 if transfer.received > attempt_start else failures + 1
+            end = transfer.total if stop is None or transfer.total is None else min(stop, transfer.total)
+            failures = 1 if made_progress(attempt_start, transfer.received, end) else failures + 1
             if failures > options.retries:
                 message = f"{error.message}; gave up after {failures} attempts"
                 raise type(error)(message, url=url, offset=transfer.received) from error

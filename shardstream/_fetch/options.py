@@ -21,8 +21,10 @@ class FetchOptions:
         connect_timeout: seconds to open a connection.
         stall_timeout: seconds without a byte (before the headers or between chunks) after which
             a transfer counts as stalled: a FetchTimeout, retried and resumed.
-        retries: retries after consecutive failed attempts (an attempt that delivers new bytes
-            starts the count again, so a long flaky download is not cut short).
+        retries: retries after consecutive failed attempts (an attempt that delivers 64 KiB or
+            the rest of the object starts the count again, so a long flaky download is not cut
+            short; one that trickles in less does not, so a server that sends a byte per
+            connection is given up on).
         backoff_base, backoff_max: retry delays are drawn uniformly from
             [0, min(backoff_max, backoff_base * 2 ** (failures - 1))] ("full jitter").
         chunk_size: the largest chunk handed on (a target: the network decides how much is there).

@@ -16,9 +16,21 @@ from typing import Any, Dict, Optional
 
 from .._base.redact import redact
 
-__all__ = ["Silence", "backoff_delay", "log_retry", "watch"]
+__all__ = ["PROGRESS_BYTES", "Silence", "backoff_delay", "log_retry", "made_progress", "watch"]
 
 log = logging.getLogger(__name__)
+
+# An attempt that delivers at least this much before it fails starts the retry count again (a
+# long flaky download is not cut short); less is no progress (a server that sends a byte per
+# connection, then stalls, would otherwise be retried for ever).
+PROGRESS_BYTES = 64 << 10
+
+
+def made_progress(before: int, after: int, end: Optional[int] = None) -> bool:
+    """Whether an attempt that moved a transfer from byte `before` to `after` (of `end`, when
+    known) counts as progress: PROGRESS_BYTES, or the rest of the object if that is less."""
+    wanted = PROGRESS_BYTES if end is None else min(PROGRESS_BYTES, max(1, end - before))
+    return after - before >= wanted
 
 
 def backoff_delay(options: Any, failures: int, retry_after: Optional[float] = None) -> float:

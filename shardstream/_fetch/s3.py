@@ -41,7 +41,7 @@ from botocore.exceptions import (
 from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError, safe_cause
 from .options import FetchOptions, note_fetch, note_size
-from .retries import Silence, backoff_delay, log_retry, watch
+from .retries import Silence, backoff_delay, log_retry, made_progress, watch
 from .lowat import LowWater
 from .s3client import lease_client
 from .s3client import preload as warm  # (the registry's warming thread runs it after importing us)
@@ -125,8 +125,11 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
             error = _translate(exc, url=url, offset=offset())
             if error is None:
                 raise
-            if offset() != reached:
-                failures, reached = 0, offset()
+            now = offset()
+            if now is not None and reached is not None and made_progress(reached, now):
+                failures = 0
+            if now != reached:
+                reached = now
             if not isinstance(error, (NetworkError, FetchTimeout)) or failures >= options.retries:
                 s3_stats.add(errors=1)
                 raise error from safe_cause(exc)
