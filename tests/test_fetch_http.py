@@ -327,6 +327,16 @@ async def _bare(request, status, body, headers, content_length=None, cut=None):
     return response
 
 
+def _fails_against(handle, error, match, **options):
+    """Fetch from a server answering with `handle` (one connection, fast retries): `error`."""
+    runner, url = serve_app(handle)
+    try:
+        with pytest.raises(error, match=match):
+            fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1, **options))
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
 @pytest.mark.parametrize("later", ["no validator", "other Last-Modified"])
 def test_a_resume_without_the_objects_validator_is_another_version(files, later):
     """The first response shows ETag "v1"; the resume's (a 200: a server that honours If-Range
@@ -344,12 +354,7 @@ def test_a_resume_without_the_objects_validator_is_another_version(files, later)
         headers = {} if later == "no validator" else {"Last-Modified": "Tue, 02 Jan 2024 00:00:00 GMT"}
         return await _bare(request, 200, other, headers, len(other))
 
-    runner, url = serve_app(handle)
-    try:
-        with pytest.raises(FetchError, match='object changed during the download .ETag "v1" -> none'):
-            fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1))
-    finally:
-        run_coroutine(runner.cleanup()).result(5)
+    _fails_against(handle, FetchError, 'object changed during the download .ETag "v1" -> none')
 
 
 def test_a_416_without_the_objects_size_after_a_break_is_an_error(files):
@@ -365,12 +370,7 @@ def test_a_416_without_the_objects_size_after_a_break_is_an_error(files):
             return await _bare(request, 200, data, {"ETag": '"v1"'}, cut=len(data) // 2)
         return web.Response(status=416, headers={"ETag": '"v1"'})
 
-    runner, url = serve_app(handle)
-    try:
-        with pytest.raises(FetchError, match="without the object's size"):
-            fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1))
-    finally:
-        run_coroutine(runner.cleanup()).result(5)
+    _fails_against(handle, FetchError, "without the object's size")
 
 
 def test_a_server_that_sends_a_byte_per_connection_is_given_up_on(files):
@@ -392,14 +392,8 @@ def test_a_server_that_sends_a_byte_per_connection_is_given_up_on(files):
         await asyncio.sleep(1)  # then silence, past the stall timeout
         return response
 
-    runner, url = serve_app(handle)
-    try:
-        with pytest.raises(FetchTimeout, match="gave up after 3 attempts"):
-            fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=1, stall_timeout=0.3,
-                                        retries=2))
-        assert len(calls) == 3
-    finally:
-        run_coroutine(runner.cleanup()).result(5)
+    _fails_against(handle, FetchTimeout, "gave up after 3 attempts", stall_timeout=0.3, retries=2)
+    assert len(calls) == 3
 
 
 def test_a_body_longer_than_the_object_is_an_error(files):
