@@ -144,7 +144,7 @@ class _Transfer:
             if size is None:  # (a chunked body that broke may have ended anywhere: not "complete")
                 raise self.error(f"{what} to a range from byte {self.received}, without the object's size (no "
                                  "Content-Range): cannot tell whether the bytes so far are the whole object")
-            if size is not None and size > self.received:  # inside the object: the server refuses our range
+            if size > self.received:  # inside the object: the server refuses our range
                 raise self.error(f"{what}: the server refused a range inside the object (from byte {self.received} "
                                  f"of {size})")
             raise self.error(f"{what}: range starts past the end of the object (size {size})")
