@@ -15,7 +15,8 @@ import time
 import pytest
 from cachehooks import put
 
-from shardstream._cache.naming import _HOST, cache_file_name
+from shardstream._base.processes import HOST as _HOST
+from shardstream._cache.naming import cache_file_name
 from shardstream._cache.memory import MemoryTier
 from shardstream._cache.disk import DiskTier
 from shardstream._cache.shardcache import ShardCache

@@ -613,17 +613,18 @@ def test_odd_manifests_and_sizes_are_clear_errors(folder, tmp_path):
 def test_the_temp_files_of_dead_writers_on_this_host_are_cleaned_up(folder, tmp_path):
     """A worker killed mid-shard leaves its temp file; the next run into DEST removes it (it
     survived --overwrite), but not a live writer's, nor one from another host sharing DEST."""
-    import socket
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    from shardstream._base.processes import temp_name
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
     dest = tmp_path / "out"
     dest.mkdir()
-    host = socket.gethostname()
-    left = {f".shard-000001.tar.tmp{host}-{dead.stdout.strip()}": False,
-            f".shard-000002.tar.tmp{host}-{os.getpid()}": True,
-            f".shard-000003.tar.tmpsome-other-host-{dead.stdout.strip()}": True}
+    left = {temp_name("shard-000001.tar", dead): False,
+            temp_name("shard-000002.tar", os.getpid()): True,
+            f".shard-000003.tar.some-other-host.{dead}.0123abcd.tmp": True}
     for name in left:
         (dest / name).write_bytes(b"partial")
     code, _, err = cli("create", folder, dest, "--maxcount", 50, "--workers", 1, "--overwrite")

@@ -19,8 +19,9 @@ Disk layout of a `DiskTier` (one directory, so every rename is atomic):
                                               (`_cache.usage`)
 
 Why this module is over 400 lines: DiskTier is one class whose parts (lookup, writers, claims,
-eviction, cleanup of dead writers' files) share one directory's invariants and one lock; names,
-liveness and locks are in `naming.py`, the writer thread and followers in `share.py`.
+eviction, cleanup of dead writers' files) share one directory's invariants and one lock; names
+and locks are in `naming.py`, temp names and writer liveness in `_base/processes.py`, the writer
+thread and followers in `share.py`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from .check import BlockDigest, ShardRecord, VerifiedFile, read_record, write_re
 from .share import DiskWriter, PendingCommits, open_progress_log
 from .usage import Usage, read_usage, write_usage
 from .memory import CHUNK_SIZE, TierCounters
-from .naming import _HOST, _TEMP, _file_lock, _pid_alive, _unlink, _url_digest, cache_file_name
+from .._base.processes import HOST, TEMP, left_by_dead_writer, temp_name
+from .naming import _file_lock, _unlink, _url_digest, cache_file_name
 
 __all__ = ["DiskTier"]
 
@@ -375,9 +377,9 @@ class DiskTier:
         # We hold the claim: other temp files of this URL are dead writers' (followers must not
         # tail them while they wait for ours).
         for stale in glob.glob(os.path.join(glob.escape(self.cache_dir), glob.escape(f".{name}") + ".*.tmp")):
-            if _TEMP.match(os.path.basename(stale)):
+            if TEMP.match(os.path.basename(stale)):
                 _unlink(stale)
-        temp = os.path.join(self.cache_dir, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        temp = os.path.join(self.cache_dir, temp_name(name))
         fd = log_fd = None
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -394,7 +396,7 @@ class DiskTier:
     def _commit(self, url: str, temp: str, size: int, digest: BlockDigest) -> bool:
         path = self.path_for(url)
         meta = self._meta_path(path)
-        meta_temp = f"{meta}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        meta_temp = f"{meta}.{HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             with self._evict_lock():
                 self._account(size, path)
@@ -483,10 +485,9 @@ class DiskTier:
         with os.scandir(self.cache_dir) as entries:
             for entry in entries:
                 if entry.name.startswith("."):
-                    temp = _TEMP.match(entry.name)
-                    if temp is not None:
+                    if TEMP.match(entry.name):
                         # Only this host's pids can be checked; a live pid's write is in progress.
-                        if temp["host"] == _HOST and not _pid_alive(int(temp["pid"])):
+                        if left_by_dead_writer(entry.name):
                             _unlink(entry.path)
                     elif entry.name.endswith(".meta"):
                         sidecars.append(entry)

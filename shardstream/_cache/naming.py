@@ -1,12 +1,11 @@
 """Names and files of the disk cache: a cache file's name (a digest of the whole URL, then its
-basename), the temp-file pattern, whether a writer's process is alive, and file locks."""
+basename) and file locks (temp-file names and writer liveness: `_base.processes`)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
-import socket
 from urllib.parse import urlparse
 
 from filelock import FileLock
@@ -14,8 +13,6 @@ from filelock import FileLock
 
 __all__ = ["cache_file_name"]
 
-_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<rand>[0-9a-f]{8})(\.sums)?\.tmp$")
 
 
 def _pipe_url(spec: str) -> str:
@@ -43,21 +40,6 @@ def _url_digest(url: str) -> str:
     return hashlib.sha256(_pipe_url(url).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _pid_alive(pid: int) -> bool:
-    """False only when `pid` surely is gone on this host (dead, or a zombie nobody reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: alive, someone else's
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-    except OSError:
-        return True
-    end = text.rfind(b")")  # the command name may itself hold ") "
-    return text[end + 2 : end + 3] != b"Z"
 
 
 def _unlink(path: str) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from .._base.errors import UsageError
+from .._base.processes import pid_alive
 from .._engine.channel import Stopped
 from .._engine.config import EngineConfig, set_engine_defaults
 from .exceptions import exception_payload
@@ -242,7 +243,7 @@ class _Helper:
                     elif message == "stop":
                         self.told_to_stop = True  # the parent removes the segments it knows
                         break
-                elif not _alive(parent):
+                elif not pid_alive(parent):
                     self._die()
         except (EOFError, OSError):
             self._die()  # the parent closed the pipe without a word: it died
@@ -262,13 +263,3 @@ class _Helper:
         unlink_segments(self.options.prefix, max(0, made - self.options.buffer - 1), made)
         self.writer.unlink_all()
         os._exit(0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

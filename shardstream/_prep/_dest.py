@@ -9,31 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import socket
 from typing import Any, BinaryIO, Iterator, List, Optional, Tuple
 
 from .._base.errors import UsageError
+from .._base.processes import left_by_dead_writer, temp_name
 from .._fetch.open import local_path_of
 from .._base.redact import redact
 
 __all__ = ["Destination"]
-
-
-# What `open` writes before the file is complete: named by host and pid, so that a run cleans up
-# only the temp files of its own host's dead writers (ranks on other hosts may share DEST).
-_HOST = socket.gethostname()
-_TEMP = re.compile(r"\..+\.tmp" + re.escape(_HOST) + r"-(\d+)")
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's: running
-        return True
-    return True
 
 
 class Destination:
@@ -69,8 +52,7 @@ class Destination:
         if self.local is not None:
             os.makedirs(self.local, exist_ok=True)
             for name in os.listdir(self.local):
-                match = _TEMP.fullmatch(name)
-                if match is not None and not _running(int(match.group(1))):
+                if left_by_dead_writer(name):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(self.local, name))
             return
@@ -89,7 +71,7 @@ class Destination:
         """A binary stream for `name`; the file appears only when the block ends without error."""
         if self.local is not None:
             final = os.path.join(self.local, name)
-            temp = os.path.join(self.local, f".{name}.tmp{_HOST}-{os.getpid()}")
+            temp = os.path.join(self.local, temp_name(name))
             try:
                 with open(temp, "wb") as f:
                     yield f
