@@ -6,15 +6,14 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
-from .._base.errors import note_stage
-from .._stages.contract import DROP, SampleStage
+from .._stages.contract import DROP, STOP, SampleStage, through
 from .channel import Failure
 from .stats import StageStats
 
 __all__ = ["STOP", "Segment", "run_task", "split_segments", "stage_name", "tracked"]
 
-STOP: Any = object()  # a handler asked to stop the stream: end it after the items before
-# (A chunk may also end in a `Failure`: the items before it are delivered, then its exception raised.)
+# A chunk may end in STOP (a handler asked to stop the stream: end it after the items before) or
+# in a `Failure` (the items before it are delivered, then its exception raised).
 
 
 class _Chunk(list):
@@ -79,30 +78,24 @@ def run_task(stages: Sequence[SampleStage], chunk: List[Any], stats: StageStats)
     else:
         append = out.append
     failures = 0
+
+    def failed() -> None:
+        nonlocal failures
+        failures += 1
+
     start = time.perf_counter()
     try:
         for index, sample in enumerate(chunk):
-            for stage in stages:
-                try:
-                    sample = stage.apply(sample)
-                except Exception as exn:
-                    failures += 1
-                    note_stage(exn, stage.name, chunk[index])  # the sample as it came in: its key and URL
-                    try:
-                        skip = stage.handler(exn)
-                    except Exception as raised:  # the samples before it go on first, as in a generator pipeline
-                        note_stage(raised, stage.name, chunk[index])
-                        append(Failure(raised))
-                        return out
-                    if not skip:
-                        append(STOP)
-                        return out
-                    sample = DROP
-                    break
-                if sample is DROP:
-                    break
-            if sample is not DROP:
-                append(sample)
+            try:
+                item = through(stages, sample, failed)
+            except Exception as raised:  # a handler's: the samples before it go on first, as in a generator pipeline
+                append(Failure(raised))
+                return out
+            if item is STOP:
+                append(STOP)
+                return out
+            if item is not DROP:
+                append(item)
         return out
     finally:
         stats.record(time.perf_counter() - start, len(chunk), failures)

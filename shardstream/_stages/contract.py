@@ -13,7 +13,7 @@ which composes stages as nested generators, keeps working.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from .._base.errors import note_stage
 from .._base.handlers import reraise_exception
@@ -24,8 +24,10 @@ __all__ = [
     "PipelineStage",
     "SampleStage",
     "StreamStage",
+    "STOP",
     "clean_cut",
     "run_fused",
+    "through",
 ]
 
 
@@ -47,6 +49,7 @@ class _Drop:
 
 
 DROP: Any = _Drop()
+STOP: Any = object()  # a handler asked to stop the stream: end it after the items before
 
 
 class PipelineStage:
@@ -83,28 +86,37 @@ class SampleStage(PipelineStage):
         return f"<{type(self).__name__} {self.name}>"
 
 
-def run_fused(stages: Sequence[SampleStage], src: Iterable[Any]) -> Iterator[Any]:
-    """Samples through consecutive sample stages in one loop, as the engine fuses them (the
-    same calls, in the same order, as their generators chained): an error's note names the
-    sample as it came into the first stage (its key and URL), not the tuple a later one saw."""
-    steps = [(stage.apply, stage.handler, stage.name) for stage in stages]
-    for sample in src:
-        item = sample
-        for apply, handler, name in steps:
+def through(stages: Sequence[SampleStage], sample: Any, failed: Optional[Callable[[], None]] = None) -> Any:
+    """`sample` through consecutive (fused) sample stages: the result, DROP (a stage dropped it,
+    or a handler skipped its error) or STOP (a handler said stop the stream). An error is noted
+    with its stage and the sample as it came into the first stage (its key and URL, where a later
+    stage sees a tuple), and `failed()` is called; a handler's own exception propagates, noted."""
+    item = sample
+    for stage in stages:
+        try:
+            item = stage.apply(item)
+        except Exception as exn:
+            note_stage(exn, stage.name, sample)
+            if failed is not None:
+                failed()
             try:
-                item = apply(item)
-            except Exception as exn:
-                note_stage(exn, name, sample)
-                try:
-                    skip = handler(exn)
-                except Exception as raised:
-                    note_stage(raised, name, sample)
-                    raise
-                if not skip:
-                    return
-                item = DROP
-            if item is DROP:
-                break
+                skip = stage.handler(exn)
+            except Exception as raised:
+                note_stage(raised, stage.name, sample)
+                raise
+            return DROP if skip else STOP
+        if item is DROP:
+            return DROP
+    return item
+
+
+def run_fused(stages: Sequence[SampleStage], src: Iterable[Any]) -> Iterator[Any]:
+    """Samples through consecutive sample stages in one loop, as the engine fuses them (the same
+    calls, in the same order, as their generators chained; see `through`)."""
+    for sample in src:
+        item = through(stages, sample)
+        if item is STOP:
+            return
         if item is not DROP:
             yield item
 
