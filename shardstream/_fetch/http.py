@@ -366,8 +366,8 @@ async def http_stream(
                 retry_after = None
             if transfer.complete:  # e.g. a lying Content-Length on a 206 whose Content-Range we trust
                 return
-            end = transfer.total if stop is None or transfer.total is None else min(stop, transfer.total)
-            failures = 1 if made_progress(attempt_start, transfer.received, end) else failures + 1
+            ends = [end for end in (stop, transfer.total) if end is not None]  # (a part's, or the object's)
+            failures = 1 if made_progress(attempt_start, transfer.received, min(ends, default=None)) else failures + 1
             if failures > options.retries:
                 message = f"{error.message}; gave up after {failures} attempts"
                 raise type(error)(message, url=url, offset=transfer.received) from error

@@ -128,8 +128,7 @@ async def _retrying(call: Callable[[], Awaitable[Any]], *, url: str, options: An
             now = offset()
             if now is not None and reached is not None and made_progress(reached, now):
                 failures = 0
-            if now != reached:
-                reached = now
+            reached = now
             if not isinstance(error, (NetworkError, FetchTimeout)) or failures >= options.retries:
                 s3_stats.add(errors=1)
                 raise error from safe_cause(exc)

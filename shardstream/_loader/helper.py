@@ -159,7 +159,6 @@ class _Helper:
         self.segments = threading.Lock()  # held while a segment is made, and by a dying listener
         self.told_to_stop = False
         self.sending = threading.Lock()
-        self.in_send = threading.local()
 
     def run(self, recipe: bytes) -> None:
         threading.Thread(target=self._listen, name="shardstream-helper-listener", daemon=True).start()
@@ -202,15 +201,9 @@ class _Helper:
             pass
 
     def _send(self, message: Any) -> None:
-        if message[0] == "log" and getattr(self.in_send, "active", False):
-            return  # (a record logged while this thread sends, by a pickled object say: dropped, not a deadlock)
         try:
-            with self.sending:  # (log records come from any thread)
-                self.in_send.active = True
-                try:
-                    self.conn.send(message)
-                finally:
-                    self.in_send.active = False
+            with self.sending:  # (log records come from any thread; every message is plain data by now)
+                self.conn.send(message)
         except OSError:  # the parent is gone; the listener ends us
             self.stop.set()
             raise Stopped() from None
