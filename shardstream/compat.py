@@ -340,31 +340,28 @@ class WebLoader(DataPipeline, FluidInterface):
             raise UsageError("WebLoader(subprocess=True) runs the pipeline with threads in one helper process: "
                              "leave num_workers at 0")
         positional = list(args)
-        dataset: Any = positional[0] if positional else kw.get("dataset")
-        if isinstance(dataset, (RandomMix, RoundRobin)):
-            dataset = DataPipeline(dataset)  # (a pipeline of one stage: it keeps a state)
-            if positional:
-                positional[0] = dataset
-            else:
-                kw["dataset"] = dataset
+        given: Any = positional[0] if positional else kw.get("dataset")
+        dataset = DataPipeline(given) if isinstance(given, (RandomMix, RoundRobin)) else given  # (it keeps a state)
         self._stateful = isinstance(dataset, DataPipeline) and kw.get("batch_size", 1) is None
-        self._stateless_reason = (
-            None if self._stateful else
-            f"WebLoader state needs a shardstream dataset (a WebDataset, DataPipeline or mix; got "
-            f"{type(dataset).__name__})" if not isinstance(dataset, DataPipeline) else
-            f"WebLoader state needs batch_size=None (the dataset batches; got batch_size={kw.get('batch_size', 1)!r})"
-        )
+        self._stateless_reason: Optional[str] = None
+        if not isinstance(dataset, DataPipeline):
+            self._stateless_reason = ("WebLoader state needs a shardstream dataset (a WebDataset, DataPipeline or "
+                                      f"mix; got {type(dataset).__name__})")
+        elif not self._stateful:
+            self._stateless_reason = ("WebLoader state needs batch_size=None (the dataset batches; got "
+                                      f"batch_size={kw.get('batch_size', 1)!r})")
         self._origin = dataset if self._stateful else None  # where the caller may set_epoch by hand
         if self._stateful:
             dataset = dataset.tagged_copy()  # the caller's dataset keeps handing out plain items
-            if positional:
-                positional[0] = dataset
-            else:
-                kw["dataset"] = dataset
             if len(positional) > 6:  # (DataLoader's 7th argument)
                 positional[6] = _TaggedCollate(positional[6])
             else:
                 kw["collate_fn"] = _TaggedCollate(kw.get("collate_fn"))
+        if dataset is not given:
+            if positional:
+                positional[0] = dataset
+            else:
+                kw["dataset"] = dataset
         self._dataset: Any = dataset
         self._consumed: Dict[int, int] = {}  # items handed out per worker, this epoch
         self._positions: Dict[int, Any] = {}  # resume position of each worker's last item
