@@ -4,7 +4,8 @@ It replaces an in-process hook: the S3 client under test talks to the proxy over
 and sees a real connection that ends early. `breaks` holds, for each of the next object GETs
 (GET requests without a query string: S3's GetObject), the body bytes after which the proxy
 stops forwarding and closes both connections (a graceful close, so every byte sent before the
-cut arrives). Other requests (HEAD, listings, PUTs) pass through whole. Everything stays on
+cut arrives); `drip`, when set to (n, seconds), sends object bodies n bytes at a time, a pause
+between (a server that never falls silent, yet never gets anywhere). Other requests (HEAD, listings, PUTs) pass through whole. Everything stays on
 127.0.0.1; every thread is a daemon that ends with its sockets; `close()` stops it all.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections import deque
 from typing import Deque, List, Optional, Tuple
 from urllib.parse import urlparse
@@ -48,6 +50,7 @@ class FaultProxy:
         self.target: Tuple[str, int] = (parsed.hostname or "127.0.0.1", parsed.port or 80)
         self.breaks: List[int] = []  # body bytes before the cut, for each next object GET
         self.cuts = 0
+        self.drip: Optional[Tuple[int, float]] = None
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", 0))
         self._server.settimeout(0.2)
@@ -138,12 +141,23 @@ class FaultProxy:
                             self.cuts += 1
                         return  # the finally closes both sides: the body ends early
                     del pending[: len(part)]
-                    client.sendall(part)
+                    self._send(client, part, self.drip if method == "GET" and "?" not in target else None)
                     sent += len(part)
         except OSError:
             pass
         finally:
             self._close_pair(client, upstream)
+
+    def _send(self, client: socket.socket, data: bytes, drip: Optional[Tuple[int, float]]) -> None:
+        if drip is None:
+            client.sendall(data)
+            return
+        step, pause = drip
+        for at in range(0, len(data), step):
+            if self._closed.is_set():
+                raise OSError("proxy closed")
+            client.sendall(data[at : at + step])
+            time.sleep(pause)
 
     def _close_pair(self, *sockets: socket.socket) -> None:
         for sock in sockets:

@@ -126,9 +126,11 @@ def test_stream_equals_object(bucket, s3_admin, size):
 
 
 @pytest.mark.skipif(not lowat.ENABLED, reason="the receive low-water mark is used on Linux only")
-def test_an_object_body_gets_the_receive_low_water_mark(bucket, s3_admin, moto_endpoint):
+def test_an_object_body_gets_the_receive_low_water_mark(bucket, s3_admin, moto_endpoint, monkeypatch):
     """aiobotocore's body is an aiohttp response: it is read in batches as an HTTP body is (the
-    mark's rate is kept for the origin when the body ends; the mark itself: test_fetch_lowat.py)."""
+    mark's rate is kept for the origin when the body ends; the mark itself: test_fetch_lowat.py).
+    (A rate is measured over 5 ms at least: moto can send the whole body in less.)"""
+    monkeypatch.setattr(lowat, "SAMPLE_S", 1e-9)
     data = payload(8 * 1024 * KB)
     s3_admin.put_object(Bucket=bucket, Key="shard.tar", Body=data)
     endpoint = urllib.parse.urlsplit(moto_endpoint)
@@ -254,6 +256,18 @@ def test_a_stall_is_reported_before_its_timeout(s3_env, monkeypatch, caplog):
             run(lambda: collect("s3://b/k.tar", Options(stall_timeout=1.5, retries=0)))
     said = [r.getMessage() for r in caplog.records if "no bytes from" in r.getMessage()]
     assert len(said) == 1 and "s3://b/k.tar" in said[0], [r.getMessage() for r in caplog.records]
+
+
+def test_a_dripping_body_is_a_stall(bucket, s3_admin, proxy, caplog):
+    """A body that comes 200 bytes every 50 ms never falls silent for the read timeout, and
+    went on for ever; under 64 KiB per stall_timeout is a stall, retried, then an error."""
+    s3_admin.put_object(Bucket=bucket, Key="k.tar", Body=payload(256 * KB))
+    proxy.drip = (200, 0.05)
+    with caplog.at_level("WARNING", logger="shardstream"), pytest.raises(FetchTimeout) as info:
+        run(lambda: collect(f"s3://{bucket}/k.tar", Options(stall_timeout=1.0, retries=1)))
+    assert "stalled: under 64 KiB in 1 s" in str(info.value) and f"s3://{bucket}/k.tar" in str(info.value)
+    assert 0 < info.value.offset < 64 * KB
+    assert any("retry 1/1" in r.getMessage() for r in caplog.records)
 
 
 def _client_error(code: str, status: int) -> ClientError:

@@ -135,3 +135,37 @@ def test_backoff_honours_retry_after_and_caps_jitter():
     options = wds.FetchOptions(backoff_base=0.5, backoff_max=4.0)
     assert retries.backoff_delay(options, 3, retry_after=30.0) == 4.0
     assert all(0 <= retries.backoff_delay(options, n) <= min(4.0, 0.5 * 2 ** (n - 1)) for n in range(1, 9) for _ in range(20))
+
+
+@pytest.mark.timeout(60)
+def test_a_dripping_body_is_a_stall(files, caplog):
+    """A server that sends a little every 50 ms never falls silent for the read timeout: each
+    attempt kept the transfer alive for ever (a few bytes a second on a 512 KiB shard). Under
+    64 KiB per stall_timeout is a stall: retried, then an error naming the URL and offset."""
+    root, _ = files
+    options = FetchOptions(stall_timeout=1.0, retries=1, backoff_base=0.01, backoff_max=0.02, parallel_parts=1)
+    with ShardServer(root) as server:
+        server.options.bandwidth = 2000.0  # 100 bytes every 50 ms
+        with caplog.at_level(logging.WARNING, logger="shardstream"):
+            with pytest.raises(wds.FetchTimeout) as caught:
+                _read(server.url("x.bin"), options)
+    assert "stalled: under 64 KiB in 1 s" in str(caught.value) and "x.bin" in str(caught.value)
+    assert 0 < caught.value.offset < 64 * KIB
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("only ") and "x.bin" in m for m in said), said  # (warned before it gave up)
+    assert any("retry 1/1" in m for m in said), said
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_body_that_brings_64_kib_per_stall_timeout_is_no_stall(files):
+    """The rule is a floor, not a read timeout of its own: 128 KiB/s under a 1 s stall_timeout
+    (chunks every 50 ms, the reader holding each one a while) reads to the end."""
+    root, contents = files
+    options = FetchOptions(stall_timeout=1.0, retries=0, parallel_parts=1, chunk_size=16 * KIB)
+    with ShardServer(root) as server:
+        server.options.bandwidth = 128 * KIB
+        with open_stream(server.url("x.bin"), options=options) as stream:
+            got = []
+            for chunk in stream:
+                got.append(chunk)
+    assert b"".join(got) == contents["x.bin"]

@@ -12,11 +12,11 @@ import math
 import os
 import random
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .._base.redact import redact
 
-__all__ = ["PROGRESS_BYTES", "Silence", "backoff_delay", "log_retry", "made_progress", "watch"]
+__all__ = ["PROGRESS_BYTES", "Silence", "backoff_delay", "log_retry", "made_progress", "stall_body", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -50,28 +50,59 @@ def log_retry(failures: int, options: Any, url: str, offset: Optional[int], dela
 
 
 class Silence:
-    """A transfer's last sign of life, for the watchdog (`beat()` on every chunk)."""
+    """A transfer's signs of life, for the watchdog: `beat(n)` for every chunk of n bytes.
 
-    __slots__ = ("url", "stall_timeout", "last", "warned")
+    A transfer lives while it delivers PROGRESS_BYTES per `stall_timeout` of the server's time,
+    not merely a byte: a server that drips a byte a second never trips aiohttp's read timeout
+    (the longest silence), so the watchdog calls `abort` (the fetcher's, while a body is read)
+    to fail the attempt as a stall. Time the reader holds a chunk, and a back-off, are ours,
+    not the server's: neither counts."""
+
+    __slots__ = ("url", "stall_timeout", "since", "got", "last", "held_at", "warned", "warned_slow", "abort")
 
     def __init__(self, url: str, stall_timeout: float) -> None:
         self.url, self.stall_timeout = url, stall_timeout
-        self.last = time.monotonic()
-        self.warned = False
+        self.since = self.last = time.monotonic()  # when the bytes counted in `got` began to come; the last one
+        self.got = 0
+        self.held_at: Optional[float] = None
+        self.warned = self.warned_slow = False  # (said it is silent; said it is too slow)
+        self.abort: Optional[Callable[[], None]] = None  # fails the attempt reading a body now
 
-    def beat(self) -> None:
-        self.last = time.monotonic()
-        self.warned = False
+    def beat(self, nbytes: int = 0) -> None:
+        """`nbytes` more arrived (0: the reader gave a chunk back)."""
+        now = time.monotonic()
+        if self.held_at is not None:  # (the reader's time is moved out of the server's)
+            self.since += now - self.held_at
+            self.last += now - self.held_at
+            self.held_at = None
+        if nbytes:
+            self.got += nbytes
+            self.last, self.warned = now, False
+        if self.got >= PROGRESS_BYTES:
+            self.since, self.got, self.warned_slow = now, 0, False
 
     def hold(self) -> None:
         """The transfer waits for its reader, not for the server: no silence until the next `beat`.
         (A reader that pauses for a training step's checkpoint is no stall of the server's.)"""
-        self.last = math.inf
+        if self.held_at is None:
+            self.held_at = time.monotonic()
 
     def rest(self, seconds: float) -> None:
-        """The transfer waits `seconds` on purpose (a back-off): silence counts from then on."""
-        self.last = time.monotonic() + seconds
-        self.warned = False
+        """The transfer waits `seconds` on purpose (a back-off): it counts afresh from then on."""
+        self.since = self.last = time.monotonic() + seconds
+        self.got, self.held_at = 0, None
+        self.warned = self.warned_slow = False
+
+    def quiet(self, now: float) -> Tuple[float, float]:
+        """Seconds of the server's time that brought under PROGRESS_BYTES, and since its last
+        byte (both 0 while held)."""
+        return (0.0, 0.0) if self.held_at is not None else (now - self.since, now - self.last)
+
+
+def stall_body(response: Any, error: BaseException) -> None:
+    """Fail the read of an aiohttp response's body with `error` (the connection is then closed,
+    not pooled: its body was not read to the end)."""
+    response.content.set_exception(error)
 
 
 TICK = 1.0
@@ -147,8 +178,18 @@ async def _watch(dog: _Watchdog) -> None:
         await asyncio.sleep(dog.sleeping)
         now = time.monotonic()
         for silence in list(dog.silences.values()):
-            quiet = now - silence.last
-            if not silence.warned and quiet >= warn_after(silence.stall_timeout):
+            slow, silent = silence.quiet(now)
+            if slow >= silence.stall_timeout and silence.abort is not None:
+                abort, silence.abort = silence.abort, None
+                abort()
+                continue
+            early = warn_after(silence.stall_timeout)
+            if not silence.warned and silent >= early:
                 silence.warned = True
                 log.warning("no bytes from %s for %g s; it is retried after %g s without a byte (stall_timeout)",
-                            redact(silence.url), round(quiet, 1), silence.stall_timeout)
+                            redact(silence.url), round(silent, 1), silence.stall_timeout)
+            elif not silence.warned_slow and silent < early <= slow / 2:  # (bytes still come, too few)
+                silence.warned_slow = True
+                log.warning("only %d bytes from %s in %g s; it is retried once %g s bring under %d KiB "
+                            "(stall_timeout)", silence.got, redact(silence.url), round(slow, 1),
+                            silence.stall_timeout, PROGRESS_BYTES >> 10)

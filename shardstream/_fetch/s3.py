@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import logging
 import re
 from typing import Any, AsyncGenerator, Awaitable, Callable, Dict, List, Optional, Tuple
@@ -41,7 +42,7 @@ from botocore.exceptions import (
 from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError, safe_cause
 from .options import FetchOptions, note_fetch, note_size
-from .retries import Silence, backoff_delay, log_retry, made_progress, watch
+from .retries import PROGRESS_BYTES, Silence, backoff_delay, log_retry, made_progress, stall_body, watch
 from .lowat import LowWater
 from .s3client import lease_client
 from .s3client import preload as warm  # (the registry's warming thread runs it after importing us)
@@ -178,6 +179,7 @@ class _ObjectReader:
         self._have = 0
         self._lowat: Optional[LowWater] = None
         self._silence = silence  # the transfer's, for the stall watchdog: beaten by every body read
+        self._stall: Optional[FetchTimeout] = None  # the watchdog's verdict on the body being read
 
     async def _open(self) -> None:
         request: Dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
@@ -205,6 +207,8 @@ class _ObjectReader:
         self._body = response["Body"]
         raw = getattr(self._body, "_raw_stream", None)  # (aiobotocore's aiohttp response; else no mark)
         self._lowat = LowWater.for_response(raw, self._chunk_size) if raw is not None else None
+        if raw is not None:  # (a body that comes too slowly fails its read: `Silence`)
+            self._silence.abort = functools.partial(self._stalled, raw)
         if first != self.received:
             raise FetchError(f"S3 answered from byte {first}, asked for {self.received}",
                              url=self._url, offset=self.received)
@@ -234,7 +238,7 @@ class _ObjectReader:
                     await self._open()
                     continue
                 data = await self._body.read(self._chunk_size - self._have)
-                self._silence.beat()
+                self._silence.beat(len(data))
                 if self._lowat is not None:
                     self._lowat.update()
                 if not data:
@@ -245,6 +249,12 @@ class _ObjectReader:
                 self.received += len(data)
                 if self._have >= self._chunk_size:
                     break
+        except Exception as exc:
+            stall, self._stall = self._stall, None
+            self.close()
+            if stall is not None:  # (aiobotocore rewraps it as a read timeout without our words)
+                raise stall from safe_cause(exc)
+            raise
         except BaseException:
             self.close()
             raise
@@ -253,8 +263,15 @@ class _ObjectReader:
         s3_stats.add(bytes=len(chunk))
         return chunk
 
+    def _stalled(self, raw: Any) -> None:
+        self._stall = FetchTimeout(f"S3 body stalled: under {PROGRESS_BYTES >> 10} KiB in "
+                                   f"{self._silence.stall_timeout:g} s (stall_timeout)",
+                                   url=self._url, offset=self.received)
+        stall_body(raw, self._stall)
+
     def close(self) -> None:
         """Drop the current response; a half-read connection cannot go back to the pool."""
+        self._silence.abort = None
         if self._lowat is not None:
             self._lowat.close()
             self._lowat = None
