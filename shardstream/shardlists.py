@@ -26,7 +26,7 @@ from ._resume.equal_split import WORKER_SPLIT, EqualSplit
 from ._stages.resumable import ResumeTraits
 from ._base.lazytorch import IterableDataset
 from ._base.redact import redact
-from ._plan.urls import envlookup, envsubst, expand_urls
+from ._plan.urls import envlookup, envsubst, expand_urls, split_sources
 from .filters import pipelinefilter
 from .utils import is_iterable, obsolete
 
@@ -234,7 +234,7 @@ class ResampledShards(IterableDataset):
 
 def _listed_sources(spec: str) -> List[List[str]]:
     """The shards of each `::` source of a spec (braces expanded, globs and prefixes listed)."""
-    return [expand_listings(expand_urls(part)) for part in spec.split("::")]
+    return [expand_listings(expand_urls(part)) for part in split_sources(spec)]
 
 
 def _per_shard_weights(spec, sources: List[List[str]], weights) -> List[float]:

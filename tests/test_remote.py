@@ -38,6 +38,31 @@ def test_http_gives_the_same_samples_as_local_files(served, shardset):
     assert all(s["__url__"].startswith("http://") and "__local_path__" not in s for s in remote)
 
 
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_a_string_spec_of_ipv6_hosts_is_split_between_sources_only(shardset):
+    """`http://[::1]:port/a.tar` in a string spec: the `::` of the host cut it into `http://[`,
+    `1]:port/a.tar` (as webdataset does), a bare ValueError naming no URL."""
+    root = os.path.dirname(shardset[0])
+    names = [os.path.basename(p) for p in shardset]
+    with ShardServer(root, host="::1") as server:
+        assert server.url(names[0]).startswith("http://[::1]:")
+        spec = f"{server.url(names[0])}::{server.url(names[1])}"
+        assert wds.shardlists.expand_urls(spec) == [server.url(names[0]), server.url(names[1])]
+        remote = list(wds.WebDataset(spec, shardshuffle=False))
+    assert _keys(remote) == _keys(wds.WebDataset(shardset[:2], shardshuffle=False))
+
+
 @pytest.mark.timeout(60)
 def test_disk_cache_streams_through_then_serves_hits(served, shardset, tmp_path):
     server, urls = served

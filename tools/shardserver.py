@@ -494,7 +494,8 @@ async def _start_site(
     await runner.setup()
     await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     bound_port = runner.addresses[0][1]
-    return runner, f"{'https' if ssl_context is not None else 'http'}://{host}:{bound_port}"
+    shown = f"[{host}]" if ":" in host else host  # (an IPv6 literal is bracketed in a URL)
+    return runner, f"{'https' if ssl_context is not None else 'http'}://{shown}:{bound_port}"
 
 
 class ShardServer:

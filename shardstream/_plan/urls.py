@@ -13,7 +13,7 @@ import braceexpand
 
 from .._base.errors import UsageError
 
-__all__ = ["envlookup", "envsubst", "expand_urls", "shard_name", "without_query"]
+__all__ = ["envlookup", "envsubst", "expand_urls", "shard_name", "split_sources", "without_query"]
 
 _VAR = re.compile(r"\$\{(\w+)\}")
 
@@ -42,16 +42,36 @@ def envsubst(s: str) -> str:
     return s
 
 
+def split_sources(spec: str) -> List[str]:
+    """A string spec's `::`-separated sources. A `::` inside brackets is no separator: it is an
+    IPv6 host (`http://[::1]:8000/a.tar`), which webdataset cuts into pieces."""
+    if "[" not in spec:
+        return spec.split("::")
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(spec):
+        if spec[i] == "[":
+            depth += 1
+        elif spec[i] == "]":
+            depth = max(0, depth - 1)
+        elif depth == 0 and spec.startswith("::", i):
+            parts.append(spec[start:i])
+            start = i = i + 2
+            continue
+        i += 1
+    parts.append(spec[start:])
+    return parts
+
+
 def expand_urls(urls: Union[str, Iterable[str]]) -> List[str]:
     """Expand a shard spec into a list of URLs.
 
-    A string is split on `::`, each part gets `${VAR}` substitution and brace expansion
+    A string is split on `::` (not inside the brackets of an IPv6 host), each part gets `${VAR}` substitution and brace expansion
     (`train-{000..099}.tar`). Any other iterable is taken as a list of URLs as it is (the 0.2.x
     behaviour that OpenCLIP relies on; webdataset 1.0.2 crashes on a list).
     """
     if isinstance(urls, str):
         result: List[str] = []
-        for part in urls.split("::"):
+        for part in split_sources(urls):
             result.extend(braceexpand.braceexpand(envsubst(part)))
     else:
         result = list(urls)

@@ -20,7 +20,7 @@ from .._fetch.listing import expand_listings, needs_listing
 from .._fetch.open import local_path_of
 from .._base.redact import redact
 from .._shard.origin import open_origin
-from .._plan.urls import expand_urls, shard_name
+from .._plan.urls import expand_urls, shard_name, split_sources
 from ._manifest import MANIFEST_SUFFIXES, read_manifest
 from ._options import SHARD_SUFFIXES, CreateOptions
 from ._rows import UNSAFE_KEY, Listing, Ref, Row, safe_key
@@ -54,7 +54,7 @@ def detect_input(source: str) -> str:
     name = shard_name(source).lower()
     if name.endswith(MANIFEST_SUFFIXES):  # (first: `captions[v2].csv` is a manifest, not a glob)
         return "manifest"
-    if "::" in source or "{" in source or name.endswith(SHARD_SUFFIXES) or needs_listing(source):
+    if len(split_sources(source)) > 1 or "{" in source or name.endswith(SHARD_SUFFIXES) or needs_listing(source):
         return "shards"  # (a glob, an s3:// prefix: listed as the loader lists them)
     raise UsageError(
         f"cannot tell what {redact(source)!r} is: give a directory, shards (.tar, a {{..}} spec, a glob, an "
