@@ -410,6 +410,40 @@ def test_the_helpers_log_records_reach_this_process_s_logging(shardset, caplog):
     assert ours and all(r.levelname == "INFO" and r.process != os.getpid() for r in ours)
 
 
+class HelperWarning(UserWarning):
+    pass
+
+
+def _warn_some(sample):
+    if sample["__key__"].endswith("2"):
+        warnings.warn(f"odd {sample['__key__']}", HelperWarning)
+    return sample
+
+
+def test_the_helpers_warnings_are_issued_in_this_process(shardset):
+    """A warning in the helper (warn_and_continue's skip, the pipeline's own) is issued again in
+    this process under its filters: recorded by catch_warnings, kept by its category (it was
+    printed on the helper's stderr, past the training process's warnings settings)."""
+    dataset = wds.WebDataset(shardset, shardshuffle=False).map(_warn_some).to_tuple("__key__")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        keys = [key for (key,) in SubprocessLoader(dataset)]
+    ours = [w for w in said if issubclass(w.category, HelperWarning)]
+    assert sorted(str(w.message) for w in ours) == sorted(f"odd {k}" for k in keys if k.endswith("2")) != []
+    assert all(w.filename == __file__ for w in ours)
+
+    bad = [*shardset[:1], os.path.join(os.path.dirname(shardset[0]), "missing.tar")]
+    skipping = wds.WebDataset(bad, shardshuffle=False, handler=wds.warn_and_continue).to_tuple("__key__")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert len(list(SubprocessLoader(skipping))) == len(list(_keyed(shardset[:1])))
+    assert [w for w in said if "skipped after error" in str(w.message) and "missing.tar" in str(w.message)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the filters here decide: an error in this process)
+        with pytest.raises(UserWarning, match="skipped after error"):
+            list(SubprocessLoader(skipping))
+
+
 def test_killed_helper_is_an_error_not_a_hang(shardset):
     it = iter(SubprocessLoader(_arrays(shardset[4:5]), buffer=3))
     next(it)

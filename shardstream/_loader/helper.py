@@ -2,7 +2,8 @@
 every item to its parent through shared memory.
 
 One duplex pipe joins the two. Helper to parent: ("start", report) once the pipeline's iterator
-exists, ("item", encoded, report, segments removed) per item, then ("end", report) or ("error", ...). Parent to
+exists, ("item", encoded, report, segments removed) per item, then ("end", report) or ("error", ...);
+("log", record fields) and ("warn", warning fields) whenever the pipeline logs or warns. Parent to
 helper: "credit" for each item received (the helper runs at most `buffer` items ahead: bounded
 credits, as in the engine's channels), ("credit", names, discards) when the parent is also done
 with those shared-memory segments (the writer recycles `names` and removes `discards`, which a
@@ -24,6 +25,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -85,6 +87,23 @@ class _ForwardLogs(logging.Handler):
             pass
         except Exception:
             self.handleError(record)
+
+
+class _ForwardWarnings:
+    """`warnings.showwarning` in the helper: every warning goes to the parent, which issues it
+    again under its own filters (a `warn_and_continue` skip is caught by the training process's
+    `warnings` settings, `logging.captureWarnings`, pytest), not printed on the helper's stderr."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+
+    def __call__(self, message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                 line: Optional[str] = None) -> None:
+        try:
+            self._send(("warn", {"message": str(message), "module": category.__module__,
+                                 "category": category.__qualname__, "filename": filename, "lineno": lineno}))
+        except Stopped:
+            pass
 
 
 def pipeline_of(source: Any) -> Any:
@@ -165,6 +184,8 @@ class _Helper:
         root = logging.getLogger()
         root.addHandler(_ForwardLogs(self._send))
         root.setLevel(self.options.log_level)
+        warnings.simplefilter("always")  # (the parent's filters decide, the parent's registry dedups)
+        warnings.showwarning = _ForwardWarnings(self._send)
         try:
             source = _rebuild(recipe)
             _one_torch_thread()

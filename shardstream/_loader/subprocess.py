@@ -24,6 +24,7 @@ import secrets
 import signal
 import sys
 import time
+import warnings
 import weakref
 from typing import Any, Dict, Optional, Sequence
 
@@ -298,8 +299,8 @@ class SubprocessIterator:
             while True:
                 message = link.receive(self._timeout)
                 kind = message[0]
-                if kind == "log":
-                    _log(message[1])
+                if kind in _RELAYED:
+                    _RELAYED[kind](message[1])
                     continue
                 if kind == "item":
                     _kind, encoded, report, dropped = message
@@ -331,8 +332,8 @@ class SubprocessIterator:
         """The report before the first item: wait for the helper to have started its pass."""
         while not self._started and not self._done:
             message = self._link.receive(self._timeout)
-            if message[0] == "log":
-                _log(message[1])
+            if message[0] in _RELAYED:
+                _RELAYED[message[0]](message[1])
                 continue
             if message[0] != "start":
                 raise ShardStreamError(f"SubprocessLoader: expected the helper's start, got {message[0]!r}")
@@ -378,6 +379,22 @@ def _log(fields: Dict[str, Any]) -> None:
     logger = logging.getLogger(record.name)
     if logger.isEnabledFor(record.levelno):
         logger.handle(record)
+
+
+_warned: Dict[Any, Any] = {}  # the helpers' warnings' registry: "default" shows each place's once
+
+
+def _warn(fields: Dict[str, Any]) -> None:
+    """A warning of the helper, issued here as if raised where the helper raised it."""
+    category: Any = sys.modules.get(fields["module"])
+    for name in fields["category"].split("."):
+        category = getattr(category, name, None)
+    if not (isinstance(category, type) and issubclass(category, Warning)):
+        category = UserWarning  # (a class this process has not imported)
+    warnings.warn_explicit(fields["message"], category, fields["filename"], fields["lineno"], registry=_warned)
+
+
+_RELAYED = {"log": _log, "warn": _warn}
 
 
 def _rebuild(message: Any) -> BaseException:
