@@ -506,6 +506,9 @@ def test_s3_as_dest(folder, created, s3_env, s3_admin, tmp_path):
     keys = [o["Key"] for o in s3_admin.list_objects_v2(Bucket="made", Prefix="train/")["Contents"]]
     assert sorted(keys) == ["train/classes.json", "train/shard-000000.tar", "train/shard-000000.tar.dali.idx",
                             "train/shard-000000.tar.idx", "train/sizes.json"]
+    code, out, err = cli("create", folder, "s3://mdae/train", "--workers", 1)  # (a typo: no such bucket)
+    assert code == 1 and "no bucket 'mdae'" in err, err
+    assert "mdae" not in [b["Name"] for b in s3_admin.list_buckets()["Buckets"]]  # (s3fs's makedirs made it)
 
 
 def test_index_of_remote_shards_into_out(created, tmp_path):

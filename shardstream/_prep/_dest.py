@@ -18,6 +18,9 @@ from .._base.redact import redact
 
 __all__ = ["Destination"]
 
+# fsspec protocols of object stores: a "folder" is a key prefix, and the first path part a bucket.
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+
 
 class Destination:
     """A directory to write named files into (picklable: workers rebuild their own client)."""
@@ -57,6 +60,13 @@ class Destination:
                         os.unlink(os.path.join(self.local, name))
             return
         fs, root = self._remote()
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        if protocols & _OBJECT_STORES:  # (no folders to make; `makedirs` would create a missing bucket)
+            bucket = root.split("/", 1)[0]
+            if not fs.exists(bucket):
+                raise UsageError(f"cannot write to {redact(self.url)}: no bucket {bucket!r} (or no access to it); "
+                                 "create it first (a mistyped name would have made a new bucket)")
+            return
         with contextlib.suppress(NotImplementedError):
             fs.makedirs(root, exist_ok=True)
 
