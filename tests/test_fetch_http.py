@@ -373,6 +373,34 @@ def test_a_416_without_the_objects_size_after_a_break_is_an_error(files):
     _fails_against(handle, FetchError, "without the object's size")
 
 
+@pytest.mark.parametrize("parts", [1, 4])
+def test_a_server_that_refuses_ranges_with_416_is_read_whole(files, parts):
+    """A server that answers every Range with `416 bytes */N` (a CDN in front of a generated
+    object) but serves the object whole: the resume after a break (or every part but the first)
+    was an error; now it asks without a Range once and skips the bytes it has."""
+    data = files[1]["big.bin"]
+    calls = []
+
+    async def handle(request):
+        calls.append(request.headers.get("Range"))
+        if "Range" in request.headers:
+            return web.Response(status=416, headers={"ETag": '"v1"', "Content-Range": f"bytes */{len(data)}"})
+        cut = len(data) // 3 if calls.count(None) == 1 else None
+        return await _bare(request, 200, data, {"ETag": '"v1"'}, len(data), cut=cut)
+
+    runner, url = serve_app(handle)
+    try:
+        got, _ = fetch_all(url, FetchOptions(backoff_base=0.01, backoff_max=0.02, parallel_parts=parts,
+                                          part_size=256 << 10))
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+    assert got == data
+    if parts == 1:
+        assert calls[0] is None and calls[1].startswith("bytes=") and calls[2:] == [None], calls
+    else:  # (the first part asks for a range too)
+        assert calls[0].startswith("bytes=0-") and None in calls, calls
+
+
 def test_a_server_that_sends_a_byte_per_connection_is_given_up_on(files):
     """Each attempt delivered one byte, then stalled: an attempt that delivers anything used to
     start the retry count again, so the download never ended (13 requests in 20 s for one shard

@@ -105,6 +105,7 @@ class _Transfer:
         self.sent_validator: Optional[str] = None  # the If-Range of the request in flight
         self.known_size: Optional[int] = None  # the object's size as another part of the download learnt it
         self.other_copies = 0  # responses that tagged the object differently, asked again
+        self.ranges = True  # False once the server refused a range inside the object (a 416)
 
     @property
     def complete(self) -> bool:
@@ -113,7 +114,8 @@ class _Transfer:
         return self.total is not None and self.received >= self.total
 
     def request_headers(self) -> dict:
-        if self.received == 0 and self.stop is None:
+        if (self.received == 0 and self.stop is None) or not self.ranges:
+            self.sent_validator = None
             return {}
         last = "" if self.stop is None else str(self.stop - 1)
         headers = {hdrs.RANGE: f"bytes={self.received}-{last}"}
@@ -145,7 +147,10 @@ class _Transfer:
             if size is None:  # (a chunked body that broke may have ended anywhere: not "complete")
                 raise self.error(f"{what} to a range from byte {self.received}, without the object's size (no "
                                  "Content-Range): cannot tell whether the bytes so far are the whole object")
-            if size > self.received:  # inside the object: the server refuses our range
+            if size > self.received and self.ranges:  # inside the object: the server refuses ranges
+                self.ranges = False  # (ask for the whole object, skip what we have, cut at `stop`)
+                raise _Again()
+            if size > self.received:
                 raise self.error(f"{what}: the server refused a range inside the object (from byte {self.received} "
                                  f"of {size})")
             raise self.error(f"{what}: range starts past the end of the object (size {size})")
