@@ -108,6 +108,26 @@ def test_pipe_urls_are_refused_unless_enabled(tmp_path, shards, monkeypatch):
         wds.gopen(url)
 
 
+def test_a_pipe_spec_runs_only_the_commands_it_names(tmp_path, shards, monkeypatch):
+    """Counting the shards of a split (world size 2) looked for a sizes.json "beside" each URL:
+    the command cut at its last `/` + "/sizes.json", run as a shell command the user never
+    wrote (`... | tee /copies/x.tar` would have written /copies/sizes.json). So did `verify`."""
+    log, script = tmp_path / "ran.log", tmp_path / "log.sh"
+    script.write_text(f'echo "$*" >> {log}\ncat "$1"\n')
+    spec = [f"pipe:sh {script} {shards[name]}" for name in ("good1", "good2")]
+    monkeypatch.setenv("SHARDSTREAM_ALLOW_PIPE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no counts: webdataset's split, with a warning)
+        assert len(list(wds.WebDataset(spec, shardshuffle=False, nodesplitter=wds.split_by_node))) == 5
+    from shardstream.cli import main
+
+    assert main(["verify", "-q", "::".join(spec)]) == 0
+    ran = log.read_text().split("\n")[:-1]
+    assert sorted(set(ran)) == [shards["good1"], shards["good2"]], ran
+
+
 def test_failing_pipe_command_is_an_error(tmp_path):
     url = f"pipe:cat {tmp_path}/nope.tar"
     with pytest.raises(wds.ShardStreamError):

@@ -72,12 +72,21 @@ def _walked_count(path: str, url: str) -> Optional[int]:
     return count
 
 
+def _directory_of(url: str) -> Optional[str]:
+    """Where a shard's sizes.json would be: the folder of its path or URL (an http(s) URL's
+    query is not part of it); None for a `pipe:` command, whose words are no place (cut at a
+    `/`, they are another command: one the user never wrote)."""
+    if url.startswith("pipe:"):
+        return None
+    return without_query(url).rpartition("/")[0] or "."
+
+
 def _count_one(url: str, given: Mapping[str, int], walk: bool) -> Optional[int]:
     count = _given(url, given)
     if count is not None:
         return count
-    directory, name = url.rpartition("/")[0], shard_name(url)
-    sizes = _sizes_json(directory or ".")
+    directory, name = _directory_of(url), shard_name(url)
+    sizes = _sizes_json(directory) if directory is not None else None
     if sizes is not None and name in sizes:
         return sizes[name]
     path = local_path_of(url)
