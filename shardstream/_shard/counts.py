@@ -23,7 +23,7 @@ from .members import is_compressed_file
 from .._fetch.open import local_path_of
 from .origin import open_origin
 from .._tar.reader import TarMember
-from .._plan.urls import shard_name
+from .._plan.urls import shard_name, without_query
 
 __all__ = ["cheap_counts", "known_counts", "read_counts"]
 
