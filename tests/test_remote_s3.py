@@ -50,6 +50,25 @@ def test_s3_prefix_and_glob_specs_are_listed(s3_shards):
 
 
 @pytest.mark.timeout(90)
+def test_an_s3_key_that_holds_glob_characters_is_read_as_named(s3_shards, s3_admin, shardset):
+    """`?`, `[` and `*` are legal in a key: `s3://b/train/q?x.tar` read its own samples and those
+    of `qAx.tar` (a glob); `br[1].tar` was "no shards match". A local file is read as named."""
+    bucket = s3_shards[0].split("/")[2]
+    with open(shardset[0], "rb") as f:
+        first = f.read()
+    with open(shardset[1], "rb") as f:
+        second = f.read()
+    for key, body in [("odd/q?x.tar", first), ("odd/qAx.tar", second), ("odd/br[1].tar", first),
+                      ("odd/br1.tar", second)]:
+        s3_admin.put_object(Bucket=bucket, Key=key, Body=body)
+    for name in ("q?x.tar", "br[1].tar"):
+        url = f"s3://{bucket}/odd/{name}"
+        assert wds.SimpleShardList(url).urls == [url]
+        assert _keys(wds.WebDataset(url, shardshuffle=False)) == _keys(wds.WebDataset(shardset[:1], shardshuffle=False))
+    assert wds.SimpleShardList(f"s3://{bucket}/odd/q*.tar").urls == [f"s3://{bucket}/odd/q{c}x.tar" for c in "?A"]
+
+
+@pytest.mark.timeout(90)
 def test_an_s3_prefix_lists_its_shards_not_the_files_beside_them(s3_shards, s3_admin, shardset, tmp_path):
     """`shardstream create SRC s3://bucket/train/` writes sizes.json, classes.json and .idx files
     beside the shards: a prefix reads as its shards, as a local folder does (a glob names its

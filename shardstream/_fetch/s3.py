@@ -332,7 +332,9 @@ async def s3_list(url: str, *, options: Optional[FetchOptions] = None, page_size
 
     A URL without glob characters is a prefix (a `/` is added); a glob lists the keys under its
     longest literal prefix, page by page (`page_size` keys a request), and keeps the matches.
-    Keys ending in `/` (folder markers) are skipped. No match gives an empty list. Pass the
+    Keys ending in `/` (folder markers) are skipped. No match gives an empty list. A glob that
+    is itself the key of an object (`?`, `[`, `*` are legal in a key: `train/br[1].tar`) names
+    that object alone, as a local file whose name holds them is read as named. Pass the
     stream's `options` so that listing and streaming share one client.
 
     Raises:
@@ -360,6 +362,8 @@ async def s3_list(url: str, *, options: Optional[FetchOptions] = None, page_size
             page = await _retrying(list_page, url=url, options=options)
             for item in page.get("Contents", ()):
                 key = item["Key"]
+                if magic and key == pattern:
+                    return [url]
                 if not key.endswith("/") and (not magic or _glob_match(pattern, key)):
                     keys.append(key)
             if not page.get("IsTruncated"):
