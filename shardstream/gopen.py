@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from ._base.errors import UsageError
 from ._fetch.registry import fetches_natively
-from ._fetch.open import local_path_of, open_url, use_gopen_schemes
+from ._fetch.open import open_url, open_writable, use_gopen_schemes
 from ._fetch.openers import (
     StreamReader,
     gopen_ais,
@@ -71,12 +71,7 @@ def _default_handler(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any)
         if isinstance(stream, io.FileIO):  # a local file: buffered, as webdataset's (`peek`, `read1`)
             return io.BufferedReader(stream, buffer_size=max(bufsize, io.DEFAULT_BUFFER_SIZE))
         return stream
-    path = local_path_of(url)
-    if path is not None:
-        return open(path, mode)
-    import fsspec
-
-    return fsspec.open(url, mode).open()
+    return open_writable(url, mode)
 
 
 _default_handler.shardstream_default = True  # type: ignore[attr-defined]  # (see _fetch.open.user_opener)

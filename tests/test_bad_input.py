@@ -3,6 +3,7 @@ skipped with a warning under warn_and_continue; nothing hangs, nothing half-deli
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import pytest
@@ -133,6 +134,40 @@ def test_failing_pipe_command_is_an_error(tmp_path):
     url = f"pipe:cat {tmp_path}/nope.tar"
     with pytest.raises(wds.ShardStreamError):
         list(wds.WebDataset(url, shardshuffle=False, allow_pipe=True))
+
+
+def test_a_chained_fsspec_url_reads_through_gopen_and_the_loader(tmp_path, shards):
+    """`zip://inner/a.tar::file:///d/z.zip`: fsspec closes the file when its OpenFile is
+    collected, which was dropped at once: "seek of closed file", a ValueError naming no URL."""
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "z.zip", "w") as z:
+        z.write(shards["good1"], "inner/good1.tar")
+    url = f"zip://inner/good1.tar::file://{tmp_path}/z.zip"  # (in a list: `::` splits a string spec)
+    with open(shards["good1"], "rb") as f:
+        data = f.read()
+    with wds.gopen(url) as stream:
+        assert stream.read() == data
+    samples = list(wds.WebDataset([url], shardshuffle=False))
+    assert [s["__key__"] for s in samples] == [f"s{i:04d}" for i in range(5)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gcsfs") is not None, reason="gcsfs is installed")
+def test_a_scheme_whose_fsspec_package_is_missing_is_a_usage_error_naming_the_url():
+    with pytest.raises(wds.UsageError, match="gcsfs") as info:
+        list(wds.WebDataset("gs://bucket/x.tar", shardshuffle=False))
+    assert info.value.url == "gs://bucket/x.tar"
+    with pytest.raises(wds.UsageError, match="gcsfs"):
+        wds.gopen("gs://bucket/x.tar", "wb")
+
+
+def test_writing_to_an_http_url_is_a_usage_error_that_says_what_to_do():
+    """webdataset uploads with `curl -T`; gopen raised a bare NotImplementedError('')."""
+    url = "http://user:Zq9secret@127.0.0.1:9/out.tar"
+    for write in (lambda: wds.gopen(url, "wb"), lambda: wds.TarWriter(url)):
+        with pytest.raises(wds.UsageError, match="pipe:curl -s -T -") as info:
+            write()
+        assert "Zq9secret" not in str(info.value)
 
 
 def test_fsspec_urls_work(shards):

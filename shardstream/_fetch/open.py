@@ -13,10 +13,12 @@ from typing import IO, Any, Callable, Iterator, Mapping, Optional
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from .._base.errors import FetchError, ShardNotFound, UsageError, safe_cause
+from .._base.errors import FetchError, ShardNotFound, ShardStreamError, UsageError, safe_cause
+from .._base.redact import redact
 from .._base.security import enforced
 
-__all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_url", "pipe_allowed", "use_gopen_schemes", "user_opener"]
+__all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_fsspec", "open_url", "open_writable", "pipe_allowed",
+           "use_gopen_schemes", "user_opener"]
 
 CHUNK_SIZE = 1 << 20
 _PIPE_ENV = "SHARDSTREAM_ALLOW_PIPE"
@@ -126,17 +128,66 @@ def open_url(url: str, *, allow_pipe: Optional[bool] = None, mode: str = "rb") -
     try:
         if path is not None:
             return open(path, mode, buffering=0)
-        import fsspec
-
-        return fsspec.open(url, mode).open()
+        return open_fsspec(url, mode)
     except FileNotFoundError as exn:
         raise ShardNotFound("shard not found", url=url) from exn
     except (UsageError, FetchError):
         raise
     except OSError as exn:
         raise FetchError(f"cannot open shard: {exn}", url=url) from safe_cause(exn)
-    except ValueError as exn:  # fsspec: unknown protocol
+    except (ValueError, ImportError) as exn:  # fsspec: an unknown protocol, one whose package is missing
         raise UsageError(f"cannot open shard: {exn}", url=url) from safe_cause(exn)
+
+
+class _Holding:
+    """A file-like that keeps what it was opened from alive (see `open_fsspec`)."""
+
+    def __init__(self, stream: Any, keep: Any) -> None:
+        self._stream, self._keep = stream, keep
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._stream)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stream.close()
+
+
+def open_fsspec(url: str, mode: str) -> IO[bytes]:
+    """fsspec's file for `url`, holding on to its `OpenFile`: fsspec closes a chained URL's
+    file (`zip://a.tar::file:///d/z.zip`, `simplecache::s3://...`) when that is collected."""
+    import fsspec
+
+    opened = fsspec.open(url, mode)
+    stream = opened.open()
+    try:
+        stream._shardstream_opened_from = opened
+    except AttributeError:  # (a file type without a __dict__)
+        return _Holding(stream, opened)  # type: ignore[return-value]
+    return stream
+
+
+def open_writable(url: str, mode: str = "wb") -> IO[bytes]:
+    """Open a path, `file:` URL or any writable fsspec URL (s3://, gs://, memory://) for writing.
+
+    Raises:
+        UsageError: an http(s) URL (no upload here), an unknown protocol, a missing package.
+    """
+    path = local_path_of(url)
+    if path is not None:
+        return open(path, mode)
+    if url.lower().startswith(("http://", "https://")):
+        raise UsageError(f"cannot write to an http(s) URL (webdataset uploads with `curl -T`: write to "
+                         f"'pipe:curl -s -T - {redact(url)}', with pipes enabled, or to s3://, gs://, a path)", url=url)
+    try:
+        return open_fsspec(url, mode)
+    except (ValueError, ImportError, NotImplementedError) as exn:  # (an unknown protocol, a missing package)
+        raise UsageError(f"cannot write there: {type(exn).__name__}: {exn}", url=url) from None
 
 
 def _open_with(opener: Callable[..., Any], url: str, mode: str) -> IO[bytes]:
@@ -171,8 +222,10 @@ def iter_chunks(
         while True:
             try:
                 chunk = read(chunk_size)
-            except OSError as exn:
-                raise FetchError(f"read failed: {exn}", url=url) from safe_cause(exn)
+            except ShardStreamError:
+                raise
+            except Exception as exn:  # (an fsspec file system's own: zip's, an archive's ValueError)
+                raise FetchError(f"read failed: {type(exn).__name__}: {exn}", url=url) from safe_cause(exn)
             if not chunk:
                 break
             yield chunk

@@ -23,12 +23,11 @@ import sys
 import tarfile
 import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from .encode import make_encoder
 from .._base.errors import UsageError
 from .._tar.keys import is_meta
+from .._fetch.open import open_writable
 from .._fetch.pipe import open_pipe
 
 __all__ = ["ShardWriter", "TarWriter", "open_destination"]
@@ -42,20 +41,14 @@ def open_destination(url: str) -> Tuple[BinaryIO, bool]:
     """Open a path or URL for binary writing; return (stream, whether closing it is ours to do).
 
     Raises:
-        UsageError: a `pipe:` URL while pipes are not enabled (they run a shell command).
+        UsageError: a `pipe:` URL while pipes are not enabled (they run a shell command), an http(s)
+            URL, a protocol fsspec does not know or whose package is missing.
     """
     if url == "-":
         return sys.stdout.buffer, False
     if url.startswith("pipe:"):
         return open_pipe(url, "wb"), True  # type: ignore[return-value]
-    parsed = urlparse(url)
-    if parsed.scheme == "" or len(parsed.scheme) == 1:  # a plain path (or a Windows drive)
-        return open(url, "wb"), True
-    if parsed.scheme == "file":
-        return open(url2pathname(parsed.path), "wb"), True
-    import fsspec
-
-    return fsspec.open(url, "wb").open(), True
+    return open_writable(url), True  # type: ignore[return-value]
 
 
 def _tar_format(format: Any) -> Optional[int]:  # noqa: A002 - webdataset's option name
