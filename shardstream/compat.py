@@ -219,6 +219,7 @@ class WebDataset(DataPipeline, FluidInterface):
         if shardshuffle is not None and not isinstance(nodesplitter, EqualSplit):  # it shuffles itself
             if detshuffle:
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
+                self.pipeline[-1].seed_chosen = self.sample_seed is not None  # (else drawn here at random)
             else:  # webdataset's order in epoch 0, a new one every epoch (webdataset repeats it)
                 self.append(ShardShuffle(shardshuffle, seed=self.seed))
         self.append(
@@ -232,6 +233,11 @@ class WebDataset(DataPipeline, FluidInterface):
             # (with the equal-work splitter a worker may rightly get nothing: fewer samples per
             # rank than workers; the splitter itself refuses an epoch with nothing for a rank)
             self.append(check_empty)
+
+    def state_settings(self) -> Dict[str, Any]:
+        """The pipeline's settings (see DataPipeline) and the seed, where the user chose one."""
+        chosen = {"seed": self.sample_seed} if self.sample_seed is not None else {}
+        return {**super().state_settings(), **chosen}
 
     def _append_shard_source(
         self, urls: Any, mode: Optional[str], seed: Any = None, weights: Any = None, mix: Optional[str] = None
@@ -493,7 +499,7 @@ class WebLoader(DataPipeline, FluidInterface):
         pending = self._pending  # loaded, not started yet: still that state
         counts, positions = worker_view(pending) if pending is not None else (self._consumed, self._positions)
         return {
-            "format": STATE_FORMAT, "fingerprint": fingerprint(self._fingerprinted()),
+            "format": STATE_FORMAT, "fingerprint": fingerprint(self._fingerprinted(), self._dataset.state_settings()),
             "epoch": self._dataset.epoch,
             # set by hand (it then stays for every iteration until set again), or counted
             "epoch_set": bool(pending.get("epoch_set")) if pending is not None else self._user_epoch,

@@ -8,6 +8,7 @@ from typing import Any, Iterator, List, Optional
 import numpy as np
 
 from ._base.lazytorch import IterableDataset
+from ._resume.statecheck import fingerprint
 from ._stages.resumable import ResumeTraits
 
 __all__ = ["RandomMix", "RoundRobin", "exact_samples", "random_samples", "round_robin_longest", "round_robin_shortest"]
@@ -49,6 +50,13 @@ def _tell_each(datasets, method: str, value: int) -> None:
             call(value)
 
 
+def _described(datasets) -> List[Any]:
+    """What each mixed dataset is, for a saved state's fingerprint: its own fingerprint (shards,
+    stages, settings), else its type (a state saved over other datasets must not load)."""
+    return [fingerprint(d.pipeline, d.state_settings()) if callable(getattr(d, "state_settings", None))
+            else type(d).__name__ for d in datasets]
+
+
 class RoundRobin(IterableDataset):
     """One sample from each dataset in turn; stops with the shortest unless longest=True."""
 
@@ -61,6 +69,10 @@ class RoundRobin(IterableDataset):
 
     def advance_passes(self, passes: int) -> None:
         _tell_each(self.datasets, "advance_passes", passes)
+
+    def state_settings(self) -> dict:
+        """In a saved state's fingerprint: the datasets mixed, and how."""
+        return {"longest": self.longest, "datasets": _described(self.datasets)}
 
     def __iter__(self) -> Iterator[Any]:
         sources = [iter(d) for d in self.datasets]
@@ -126,6 +138,12 @@ class RandomMix(IterableDataset):
 
     def advance_passes(self, passes: int) -> None:
         _tell_each(self.datasets, "advance_passes", passes)
+
+    def state_settings(self) -> dict:
+        """In a saved state's fingerprint: the datasets mixed, and how."""
+        probs = None if self.probs is None else [float(p) for p in self.probs]
+        return {"probs": probs, "longest": self.longest, "seed": self.seed, "exact": self.exact,
+                "datasets": _described(self.datasets)}
 
     @property
     def deterministic(self) -> bool:

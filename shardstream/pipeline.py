@@ -127,10 +127,17 @@ class DataPipeline(IterableDataset, PipelineStage):
         resumed from on another layout. Plain JSON-safe data."""
         delivered, position, passes = self.progress()
         return {
-            "format": STATE_FORMAT, "fingerprint": fingerprint(self.pipeline),
+            "format": STATE_FORMAT, "fingerprint": fingerprint(self.pipeline, self.state_settings()),
             "epoch": self.epoch, "delivered": delivered, "position": position, "passes": passes,
             "layout": self.layout(1), "split": self._split_history,
         }
+
+    def state_settings(self) -> Dict[str, Any]:
+        """What this pipeline's items depend on beyond its stages (in a state's fingerprint):
+        `with_epoch` / `repeat`'s length."""
+        if self.repetitions == 1 and self.nsamples == -1:
+            return {}
+        return {"repetitions": self.repetitions, "nsamples": self.nsamples}
 
     def progress(self) -> Tuple[int, Any, int]:
         """(items delivered, position of the last one, passes before this iteration) of the
@@ -162,7 +169,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         """Check `state` (a state of `kind`, "dataset" or "loader", describing `described`), pick
         this rank's part or rebuild one for this layout (elastic), and make the next iteration
         continue it; warn when unseeded stages make the resume inexact. Returns the state loaded."""
-        own, history = choose_state(check_state(state, described, kind), self.layout(num_workers))
+        own, history = choose_state(check_state(state, described, kind, self.state_settings()),
+                                    self.layout(num_workers))
         chosen = own if own is not None else self._elastic(history)
         self._load(chosen)
         self._warn_inexact()

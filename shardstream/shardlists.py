@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import random
@@ -9,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from itertools import chain, islice
-from typing import Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import braceexpand
 import yaml
@@ -192,6 +193,14 @@ class ResampledShards(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Draw the next pass for this epoch (else each pass counts as the next epoch)."""
         self._epoch_set = epoch
+
+    def state_settings(self) -> Dict[str, Any]:
+        """In a saved state's fingerprint: other weights, mix, length or seed draw other shards."""
+        weights = None
+        if self.weights is not None:
+            weights = hashlib.blake2b(repr([float(w) for w in self.weights]).encode(), digest_size=8).hexdigest()
+        return {"weights": weights, "mix": self.mix, "nshards": self.nshards,
+                **({"seed": self.seed} if self.deterministic else {})}
 
     def __iter__(self) -> Iterator[dict]:
         self.epoch = self._epoch_set if self._epoch_set is not None else self.epoch + 1

@@ -238,6 +238,64 @@ def test_a_state_from_another_dataset_is_refused(two_datasets):
         _dataset(first).batched(2).load_state_dict(state)
 
 
+def _saved(build, n=4):
+    ds = build()
+    it = iter(ds)
+    for _ in range(n):
+        next(it)
+    return json.loads(json.dumps(ds.state_dict()))  # (as a checkpoint holds it)
+
+
+@pytest.mark.parametrize("change", ["seed", "shuffle seed", "shard shuffle", "split seed", "weights", "with_epoch"])
+def test_a_state_saved_under_other_settings_is_refused(two_datasets, change, monkeypatch):
+    """A position means other samples under another seed (the saved shard offset was entered in
+    another shard: 13 of 60 samples repeated and 13 lost, no error), other weights or a shorter
+    with_epoch (an empty epoch): the settings are in the fingerprint, and the same ones load."""
+    first, other = two_datasets
+    spec = f"{first[0]}::{other[0]}"
+
+    def build(v):
+        if change == "seed":
+            return wds.WebDataset(first, shardshuffle=10, seed=v).to_tuple("__key__")
+        if change == "shuffle seed":
+            return wds.WebDataset(first, shardshuffle=False).shuffle(5, seed=v).to_tuple("__key__")
+        if change == "shard shuffle":
+            return wds.WebDataset(first, shardshuffle=v, seed=1).to_tuple("__key__")
+        if change == "split seed":
+            monkeypatch.setenv("RANK", "0")
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            return wds.WebDataset(first + other, shardshuffle=False, nodesplitter=wds.EqualSplit(seed=v)).to_tuple("__key__")
+        if change == "weights":
+            return wds.WebDataset(spec, resampled=True, seed=1, weights=f"1::{v}").with_epoch(20).to_tuple("__key__")
+        return wds.WebDataset(first, resampled=True, seed=1).with_epoch(10 * v).to_tuple("__key__")
+
+    state = _saved(lambda: build(2))
+    build(2).load_state_dict(state)  # (the same settings, after a JSON round trip)
+    with pytest.raises(wds.UsageError, match="other settings"):
+        build(3).load_state_dict(state)
+
+
+def test_a_mix_state_names_the_datasets_mixed(two_datasets):
+    """A RandomMix's state said only "RandomMix": one saved over other datasets loaded."""
+    first, other = two_datasets
+    mix = lambda a, b: wds.DataPipeline(wds.RandomMix([_dataset(a), _dataset(b)], seed=3))  # noqa: E731
+    state = _saved(lambda: mix(first, other))
+    mix(first, other).load_state_dict(state)
+    with pytest.raises(wds.UsageError, match="other settings"):
+        mix(first, first).load_state_dict(state)
+    robin = lambda a, b: wds.DataPipeline(wds.RoundRobin([_dataset(a), _dataset(b)]))  # noqa: E731
+    with pytest.raises(wds.UsageError, match="other settings"):
+        robin(first, first).load_state_dict(_saved(lambda: robin(first, other)))
+
+
+def test_a_state_saved_before_settings_were_recorded_loads(two_datasets):
+    first, _ = two_datasets
+    build = lambda: wds.WebDataset(first, shardshuffle=False).shuffle(5, seed=1).to_tuple("__key__")  # noqa: E731
+    state = _saved(build)
+    del state["fingerprint"]["settings"]
+    build().load_state_dict(state)
+
+
 def test_re_signed_urls_are_the_same_dataset():
     from shardstream._resume.statecheck import fingerprint
 

@@ -229,6 +229,10 @@ class EqualSplit(PipelineStage):
         """Use this epoch number for the next passes (else each pass counts as a new epoch)."""
         self.epoch = epoch
 
+    def state_settings(self) -> Dict[str, Any]:
+        """In a saved state's fingerprint: another seed or rule splits the epoch otherwise."""
+        return {"seed": self.config.seed, "shuffle": self.config.shuffle, "remainder": self.config.remainder}
+
     def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         rank, world, worker, workers = pytorch_worker_info(group=self.group)
         epoch = self.epoch if self.epoch is not None else self.passes

@@ -2,18 +2,23 @@
 describes.
 
 Every state a pipeline or WebLoader saves carries `format` (STATE_FORMAT) and `fingerprint`:
-a digest of the shard list (URLs without their query strings, so re-signed URLs still match)
-and the pipeline's shape (each stage's name and its plain arguments: `batched(64)` is not
-`batched(32)`, whose item counts mean other things). `check_state` refuses, saying what
+a digest of the shard list (URLs without their query strings, so re-signed URLs still match),
+the pipeline's shape (each stage's name and its plain arguments: `batched(64)` is not
+`batched(32)`, whose item counts mean other things) and its settings: every seed the user chose
+(a shuffle's, the dataset's, the splitter's), buffer sizes, weights, the epoch length of
+`with_epoch`. A position means nothing in another order: a state saved under seed 1 and loaded
+under seed 2 would enter another shard at the saved offset. `check_state` refuses, saying what
 differs: a state that is not a dict (or a list of them), one without the fields a state has,
 fields of the wrong type or out of range, a newer format, or another dataset or pipeline.
-States saved before formats were recorded (no `format`) load without a fingerprint check.
+States saved before formats were recorded (no `format`) load without a fingerprint check, and
+states saved before settings were (no `settings` in it) without a settings check.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Dict, List, Mapping, Sequence
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .._base.errors import UsageError
 from .._plan.urls import without_query
@@ -46,9 +51,28 @@ def _shards(source: Any) -> Dict[str, Any]:
     return {"count": len(urls), "digest": digest.hexdigest()}
 
 
-def fingerprint(stages: Sequence[Any]) -> Dict[str, Any]:
-    """What a state saved from a pipeline of these stages describes."""
-    return {"shards": _shards(stages[0]) if stages else None, "stages": [_label(s) for s in stages]}
+def _plain(value: Any) -> Any:
+    """`value` as JSON gives it back (tuples as lists; anything else JSON cannot hold as its repr),
+    so that a state compares alike before and after a JSON round trip."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+def _settings(stage: Any) -> Optional[Dict[str, Any]]:
+    """What a stage's items depend on beyond its label: its own `state_settings()` (seeds the
+    user chose, buffer sizes, weights), else a seed given to it as an int."""
+    own = getattr(stage, "state_settings", None)
+    if callable(own):
+        return own() or None
+    kw = getattr(stage, "kw", None) or {}
+    chosen = {k: v for k, v in kw.items() if k in ("seed", "rng") and isinstance(v, int) and not isinstance(v, bool)}
+    return chosen or None
+
+
+def fingerprint(stages: Sequence[Any], settings: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """What a state saved from a pipeline of these stages describes; `settings` are the
+    pipeline's own (its seed, `with_epoch`'s length)."""
+    return {"shards": _shards(stages[0]) if stages else None, "stages": [_label(s) for s in stages],
+            "settings": _plain({"pipeline": dict(settings or {}), "stages": [_settings(s) for s in stages]})}
 
 
 _COUNTERS = {"delivered", "passes", "loader_delivered"}
@@ -97,11 +121,23 @@ def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any]) ->
             f"the saved state is of another pipeline: saved stages {saved.get('stages')}, "
             f"this one's {expected['stages']}"
         )
+    if "settings" not in saved or saved["settings"] == expected["settings"]:
+        return
+    was, now = saved["settings"] or {}, expected["settings"]
+    if was.get("pipeline") != now["pipeline"]:
+        differs = f"the pipeline's {was.get('pipeline')} then, {now['pipeline']} now"
+    else:
+        differs = "; ".join(f"stage {label!r}: {old} then, {new} now" for label, old, new in zip(
+            expected["stages"], was.get("stages") or [], now["stages"]) if old != new)
+    raise UsageError(f"the saved state is of the same pipeline with other settings ({differs}): its position "
+                     "means other samples under these; load it with the settings it was saved with")
 
 
-def check_state(state: Any, stages: Sequence[Any], kind: str) -> List[Dict[str, Any]]:
+def check_state(state: Any, stages: Sequence[Any], kind: str,
+                settings: Optional[Mapping[str, Any]] = None) -> List[Dict[str, Any]]:
     """The saved states in `state` (one, or every rank's list), checked against a pipeline of
-    `stages`; `kind` is "dataset" or "loader". Raises UsageError saying what is wrong."""
+    `stages` and `settings` (see `fingerprint`); `kind` is "dataset" or "loader". Raises
+    UsageError saying what is wrong."""
     if isinstance(state, Mapping):
         states = [state]
     elif isinstance(state, (list, tuple)) and state and all(isinstance(s, Mapping) for s in state):
@@ -112,7 +148,7 @@ def check_state(state: Any, stages: Sequence[Any], kind: str) -> List[Dict[str, 
             f"(gather_states), got {type(state).__name__}"
             + (" (empty)" if isinstance(state, (list, tuple)) else "")
         )
-    expected = fingerprint(stages)
+    expected = fingerprint(stages, settings)
     for saved in states:
         version = saved.get("format", 1)
         if not isinstance(version, int) or version > STATE_FORMAT:

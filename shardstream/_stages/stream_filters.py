@@ -14,7 +14,7 @@ import re
 import sys
 import time
 from fnmatch import fnmatch
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -91,9 +91,15 @@ class detshuffle(PipelineStage):
         self.seed = seed
         self.epoch = epoch
 
+    seed_chosen = True  # (False where WebDataset drew the seed at random: the dataset's settings say so)
+
     def set_epoch(self, epoch: int) -> None:
         """The next pass shuffles with seed + epoch."""
         self.epoch = epoch - 1
+
+    def state_settings(self) -> Dict[str, Any]:
+        """In a saved state's fingerprint: another buffer or seed gives another order."""
+        return {"bufsize": self.bufsize, "initial": self.initial, **({"seed": self.seed} if self.seed_chosen else {})}
 
     def run(self, src):
         self.epoch += 1
@@ -157,6 +163,11 @@ class ShardShuffle(_EpochShuffle):
     def __init__(self, bufsize: int, seed: Any) -> None:
         super().__init__(bufsize, 100, seed)
 
+    def state_settings(self) -> Dict[str, Any]:
+        """In a saved state's fingerprint (the seed is the dataset's: WebDataset's settings hold it
+        where the user chose it, and a seed drawn at random per process must not refuse a resume)."""
+        return {"bufsize": self.bufsize}
+
     def _rng(self, epoch: int) -> random.Random:
         # random.Random(str) seeds from a SHA-512 of the text: stable across processes.
         if epoch == 0:
@@ -211,6 +222,10 @@ class SeededShuffle(_EpochShuffle):
 
     def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0) -> None:
         super().__init__(bufsize, initial, seed)
+
+    def state_settings(self) -> Dict[str, Any]:
+        """In a saved state's fingerprint: another buffer or seed gives another order."""
+        return {"bufsize": self.bufsize, "initial": self.initial, "seed": self.seed}
 
     def _rng(self, epoch: int) -> random.Random:
         rank, _world, worker, _workers = pytorch_worker_info()
