@@ -174,3 +174,44 @@ def test_a_header_after_the_end_of_archive_comes_after_every_sample_of_the_archi
     theirs = [s["__key__"] for s in webdataset.WebDataset(str(path), shardshuffle=False)]
     assert _keys(got) == theirs == [f"s{i:04d}" for i in range(5)]
     assert got[-1]["cls"] == b"cls4"
+
+
+def _header(name: str, size: int = 0, typ: bytes = b"0", size_field: bytes = b"") -> bytes:
+    """A ustar header, its checksum right, whatever its size field says."""
+    h = bytearray(512)
+    h[: len(name)] = name.encode()
+    h[100:108], h[108:116], h[116:124] = b"0000644\0", b"0000000\0", b"0000000\0"
+    h[124:136] = size_field or b"%011o\0" % size
+    h[136:148], h[156:157], h[257:265] = b"00000000000\0", typ, b"ustar\x0000"
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def _member(name: str, data: bytes, **kw) -> bytes:
+    return _header(name, len(data), **kw) + data + bytes(-len(data) % 512)
+
+
+@pytest.mark.parametrize("refused", ["negative size", "invalid PAX size"])
+@pytest.mark.parametrize("handler", [None, "warn_and_continue"])
+def test_a_refused_header_of_a_new_sample_hands_out_the_sample_before_it(tmp_path, refused, handler):
+    """A header that passes its checksum and names a new sample but is refused (a negative size,
+    a PAX size that is no number) held back the whole sample before it, under every handler;
+    one claiming a size past the end hands it out (the sample is whole either way)."""
+    whole = _member("s0.jpg", b"J" * 10) + _member("s0.txt", b"T")
+    if refused == "negative size":
+        bad = _header("s1.jpg", size_field=b"-0000000001\0")
+    else:
+        body = b"12 size=abc\n"
+        bad = _member("././@PaxHeader", body, typ=b"x") + _member("s1.jpg", b"J")
+    path = tmp_path / "refused.tar"
+    path.write_bytes(whole + bad + _member("s2.jpg", b"x") + bytes(1024))
+    kw = {} if handler is None else {"handler": getattr(wds, handler)}
+    got = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            got.extend(s["__key__"] for s in wds.WebDataset(str(path), shardshuffle=False, **kw))
+        except wds.FormatError as exn:
+            assert handler is None and exn.member == "s1.jpg" and exn.offset == 2048
+    assert got == ["s0"]

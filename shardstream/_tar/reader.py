@@ -490,6 +490,9 @@ class TarReader:
             if ext.size is not None:
                 pax_size = ext.size
             sparse = sparse or ext.sparse
+        regular = typ in _REGULAR
+        if regular or sparse:  # (a refused header's name still says the sample before it is whole)
+            self._pending = (name, offset)
         if pax_size is not None:
             try:
                 size = int(pax_size)
@@ -499,7 +502,7 @@ class TarReader:
             raise self._fail("unsupported GNU sparse member", name, offset)
         if size < 0:
             raise self._fail("negative size in tar header", name, offset)
-        regular = typ in _REGULAR
+        self._pending = None
         stop = pos + BLOCK
         if typ not in _DATALESS:  # (extensions returned above)
             stop += (size + 511) & -512
