@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import io
 import shutil
+import subprocess
+import sys
 import tarfile
 import warnings
 
@@ -215,3 +217,33 @@ def test_a_refused_header_of_a_new_sample_hands_out_the_sample_before_it(tmp_pat
         except wds.FormatError as exn:
             assert handler is None and exn.member == "s1.jpg" and exn.offset == 2048
     assert got == ["s0"]
+
+
+_PEAK_CHILD = r'''
+import sys
+import shardstream as wds
+peak = lambda: int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]) >> 10
+before, n = peak(), 0
+for sample in wds.WebDataset(sys.argv[1], shardshuffle=False):
+    n += len(sample["npy"]) >> 20
+    del sample
+print(n, peak() - before)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
+def test_a_highly_compressible_shard_costs_a_step_of_memory_not_the_shard(tmp_path):
+    """A 130 KB .tar.gz of 128 MiB of zeros (masks, padded arrays) took twice the whole
+    uncompressed shard (its one chunk inflated at once): ~260 MB added; now a few steps."""
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(128):
+            info = tarfile.TarInfo(f"k{i:03d}.npy")
+            info.size = 1 << 20
+            tar.addfile(info, io.BytesIO(bytes(info.size)))
+    path = tmp_path / "zeros.tar.gz"
+    path.write_bytes(gzip.compress(plain.getvalue()))
+    done = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    mib, added = map(int, done.stdout.split())
+    assert mib == 128 and added < 100, added

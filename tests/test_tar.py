@@ -541,3 +541,35 @@ def test_a_local_shard_with_a_header_after_its_end_fails_to_load(tmp_path):
     path.write_bytes(_after_end("concatenated"))
     with pytest.raises(FormatError, match="after the end-of-archive"):
         list(wds.WebDataset(str(path), shardshuffle=False))
+
+
+@pytest.mark.parametrize("codec", ["gzip", "bz2", "xz"])
+def test_a_compressible_chunk_comes_out_a_step_at_a_time(codec):
+    """One compressed chunk of 40 MiB of zeros (a few KB: a decompression bomb, or masks and
+    padded arrays) was inflated whole in one call, and held with every member cut from it:
+    memory grew with the shard. Each call now gives at most a step of tar (`backlog` says
+    more waits), and the members are the same."""
+    import bz2
+    import lzma
+
+    from shardstream._tar.codecs import OUT_STEP
+
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(40):
+            info = tarfile.TarInfo(f"k{i:03d}.npy")
+            info.size = 1 << 20
+            tar.addfile(info, io.BytesIO(bytes(info.size)))
+    compress = {"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[codec]
+    reader = TarReader("bomb.tar")
+    batches = [reader.feed(compress(plain.getvalue()))]
+    while reader.backlog:
+        batches.append(reader.feed(b""))
+    batches.append(reader.close())
+    assert [m.name for batch in batches for m in batch] == [f"k{i:03d}.npy" for i in range(40)]
+    assert all(m.data == bytes(1 << 20) for batch in batches for m in batch)
+    assert max(sum(len(m.data) for m in batch) for batch in batches) <= OUT_STEP + (1 << 20)
+    assert len(batches) >= 40 * (1 << 20) // (OUT_STEP + (1 << 20))
+    closing = TarReader("bomb.tar")  # (a caller that does not ask for the rest: close hands it out)
+    got = closing.feed(compress(plain.getvalue()))
+    assert len(got) + len(closing.close()) == 40

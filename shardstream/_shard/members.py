@@ -59,6 +59,8 @@ def iter_members(
     reader = TarReader(url, others=others)
     for chunk in chunks:
         yield from reader.feed(chunk)
+        while reader.backlog:  # (a compressed chunk comes out a step at a time)
+            yield from reader.feed(b"")
     yield from _closed(reader, url)
     reader.close()  # (raises an error kept back behind the last member)
 
@@ -83,6 +85,8 @@ def chunk_member_batches(
             if info is not None:
                 info["compressed"] = reader.compressed
             yield members
+            while reader.backlog:  # (a compressed chunk comes out a step at a time)
+                yield feed(b"")
         yield _closed(reader, url)
         reader.close()  # (raises an error kept back behind the last member)
     except FetchError as exn:  # the transfer broke: say inside which member, as format errors do

@@ -7,8 +7,10 @@ can set `last_member` once the tar archive ended, and a corrupt stream sets `err
 out what decompressed before it. They differ in one place: zlib's decompressor can be copied, so
 gzip salvages everything up to the bad byte and what a caller gets never depends on the
 chunking; the bz2 and lzma decompressors cannot, so for them the chunk holding the corruption
-yields nothing (what comes out of an intact stream never depends on the chunking). No I/O:
-`_tar.reader.TarReader` feeds them and adds the location.
+yields nothing (what comes out of an intact stream never depends on the chunking). A call gives
+at most OUT_STEP bytes: a highly compressible shard (a 424 KB .tar.gz of 400 MiB of zeros; a
+decompression bomb) comes out a step at a time, not all at once from one chunk (`pending`).
+No I/O: `_tar.reader.TarReader` feeds them and adds the location.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Optional, Tuple, Type
 
 from .._base.errors import FormatError
 
-__all__ = ["Bz2Inflater", "GZIP_MAGIC", "GzipInflater", "MAGIC_BYTES", "XzInflater", "sniff"]
+__all__ = ["Bz2Inflater", "GZIP_MAGIC", "GzipInflater", "MAGIC_BYTES", "OUT_STEP", "XzInflater", "sniff"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # expect a gzip header and trailer; zlib checks the CRC and size
@@ -29,6 +31,7 @@ _GZIP_WBITS = 16 + zlib.MAX_WBITS  # expect a gzip header and trailer; zlib chec
 _BZ2_BLOCK = b"\x31\x41\x59\x26\x53\x59"
 _BZ2_END = b"\x17\x72\x45\x38\x50\x90"
 XZ_MAGIC = b"\xfd7zXZ\x00"
+OUT_STEP = 8 << 20  # the most bytes one `feed` call decompresses (a 1 MiB chunk of plain tar gives ~1 MiB)
 
 
 class _Inflater:
@@ -49,7 +52,8 @@ class _Inflater:
 
     def __init__(self) -> None:
         self._decompressor = self._new()
-        self._rest = b""  # compressed bytes after the end of the last member, not decompressed yet
+        self._rest = b""  # compressed bytes not decompressed yet (after a member's end, or past a step)
+        self._more = False  # the decompressor holds more output for a step of its own (feed(b""))
         self.compressed_offset = 0
         self.last_member = False
         self.tail_only = False
@@ -61,15 +65,17 @@ class _Inflater:
 
     @property
     def pending(self) -> bool:
-        """True if fed bytes wait behind a member's end: call feed(b"") to go on."""
-        return bool(self._rest)
+        """True if fed bytes wait (behind a member's end, or past a step's output): call
+        feed(b"") to go on."""
+        return bool(self._rest) or self._more
 
     def feed(self, data: bytes) -> bytes:
-        """Decompress `data` up to the end of the current member; the rest waits (`pending`).
-        On corrupt input, return what decompressed before the corruption and set `error`."""
+        """Decompress `data` up to the end of the current member, OUT_STEP bytes at most; the
+        rest waits (`pending`). On corrupt input, return what decompressed before the
+        corruption and set `error`."""
         if self._rest:
             data, self._rest = self._rest + data, b""
-        if not data or self.error is not None or (self._in_tail and self.last_member):
+        if (not data and not self._more) or self.error is not None or (self._in_tail and self.last_member):
             return b""
         if self._decompressor.eof:
             if self.last_member:
@@ -79,17 +85,26 @@ class _Inflater:
         try:
             out = self._decompress(data)
         except self.errors as exc:
+            self._more = False
             if self._in_tail:  # not a member after all (padding, junk): ignored, like tarfile
                 self.last_member = True
                 return b""
             return self._corrupt(exc, data)
         if self._decompressor.eof:
-            self._rest = self._decompressor.unused_data  # only what followed the member within `data`
+            self._rest, self._more = self._decompressor.unused_data, False  # (what followed the member)
+        else:
+            self._rest, self._more = self._left_over(len(out))
         self.compressed_offset += len(data) - len(self._rest)
         return out
 
     def _decompress(self, data: bytes) -> bytes:
-        return self._decompressor.decompress(data)
+        return self._decompressor.decompress(data, OUT_STEP)
+
+    def _left_over(self, produced: int) -> Tuple[bytes, bool]:
+        """After a step short of the member's end that gave `produced` bytes: (input not taken,
+        whether output may wait). bz2 and lzma keep the input they did not decompress, and say
+        so by `needs_input`."""
+        return b"", not self._decompressor.needs_input
 
     def _corrupt(self, exc: BaseException, data: bytes) -> bytes:
         self.error = FormatError(f"corrupt {self.name} stream ({exc}) after compressed byte {self.compressed_offset}")
@@ -112,7 +127,11 @@ class GzipInflater(_Inflater):
 
     def _decompress(self, data: bytes) -> bytes:
         self._backup = self._decompressor.copy()  # cheap next to decompressing a chunk; used on error
-        return self._decompressor.decompress(data)
+        return self._decompressor.decompress(data, OUT_STEP)
+
+    def _left_over(self, produced: int) -> Tuple[bytes, bool]:
+        # zlib hands back the input it did not take; a full step may leave output in its state
+        return self._decompressor.unconsumed_tail, produced >= OUT_STEP
 
     def _corrupt(self, exc: BaseException, data: bytes) -> bytes:
         out, used = _salvage(self._backup, data)

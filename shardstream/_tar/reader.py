@@ -22,7 +22,7 @@ import zlib
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from .._base.errors import FormatError
-from .codecs import GzipInflater, sniff
+from .codecs import OUT_STEP, GzipInflater, sniff
 from .headers import changes_member, header_checksum_ok, number_field, pax_records, text_field
 
 __all__ = ["DATALESS", "EXTENSIONS", "TAIL_SCAN", "TarMember", "TarReader", "header_span"]
@@ -171,6 +171,14 @@ class TarReader:
         return self._pending
 
     @property
+    def backlog(self) -> bool:
+        """True while compressed bytes fed wait to be decompressed (a chunk gives OUT_STEP bytes
+        of tar at most per call): call `feed(b"")` until False before the next chunk, so that a
+        highly compressible shard costs a step of memory, not a chunk's whole output."""
+        inflater = self._inflater
+        return inflater is not None and inflater.pending and inflater.error is None and self._error is None
+
+    @property
     def finished(self) -> bool:
         """True once the end-of-archive zero block was seen; later input is ignored."""
         return self._finished
@@ -181,7 +189,7 @@ class TarReader:
             raise self._error
         if type(data) is not bytes:
             data = bytes(data)  # also detaches us from a buffer the caller may reuse
-        if not data:
+        if not data and not self.backlog:
             return []
         self._fed = True
         if self._compressed is None:
@@ -198,9 +206,12 @@ class TarReader:
         if inflater is None:
             return self._take(data)
         members: List[TarMember] = []
+        produced = 0
         while True:  # one gzip member at a time, so the tar end is seen before the next member
             try:
-                members += self._take(inflater.feed(data))
+                out = inflater.feed(data)
+                produced += len(out)
+                members += self._take(out)
             except FormatError:
                 if not members:
                     raise
@@ -210,6 +221,8 @@ class TarReader:
                 if self._tail_at + len(self._tail_partial) >= self._tail_stop:
                     inflater.last_member = True
             if not inflater.pending or inflater.error is not None or self._error is not None:
+                break
+            if produced >= OUT_STEP:  # the rest waits (`backlog`): memory is bounded by a step, not a chunk
                 break
             data = b""
         if inflater.error is not None and self._error is None:
@@ -289,6 +302,11 @@ class TarReader:
             self.feed(head)
         if not self._fed:
             raise self._fail("empty file", offset=0)
+        drained: List[TarMember] = []
+        while self.backlog:  # (a caller that did not ask for the rest of its last chunk)
+            drained += self.feed(b"")
+        if drained:
+            return drained + (self.close() if self._error is None else [])
         member, offset = self._stalled or (None, self.offset)
         if self._inflater is not None:
             try:
