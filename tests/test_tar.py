@@ -573,3 +573,19 @@ def test_a_compressible_chunk_comes_out_a_step_at_a_time(codec):
     closing = TarReader("bomb.tar")  # (a caller that does not ask for the rest: close hands it out)
     got = closing.feed(compress(plain.getvalue()))
     assert len(got) + len(closing.close()) == 40
+
+
+def test_an_lzma_alone_shard_reads_as_tarfile_reads_it():
+    """`.tar.lzma` (LZMA-alone, what `lzma` / `tar --lzma` write): tarfile, so webdataset, knows
+    its magic; it was "bad tar header checksum (corrupt, or not a tar archive)"."""
+    import lzma
+
+    archive = VECTORS[NAMES[0]]
+    packed = lzma.compress(archive, format=lzma.FORMAT_ALONE)
+    assert packed[:4] == b"\x5d\x00\x00\x80"
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r|*") as tar:
+        expected = [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+    reader = TarReader("x.tar.lzma")
+    got = [(m.name, m.data) for chunk in (packed[:3], packed[3:100], packed[100:]) for m in reader.feed(chunk)]
+    got += [(m.name, m.data) for m in reader.close()]
+    assert got == expected and got

@@ -18,7 +18,7 @@ from .open import local_path_of
 __all__ = ["SHARD_SUFFIXES", "expand_listings", "folder_shards", "needs_listing"]
 
 _GLOB = ("*", "?", "[")
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")  # what a local folder's listing keeps
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.lzma")  # what a local folder's listing keeps
 
 
 def needs_listing(url: str) -> bool:

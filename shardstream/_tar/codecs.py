@@ -1,5 +1,6 @@
 """Sans-IO decompression of compressed tar shards (gzip, bzip2, xz): bytes in, bytes out,
-corruption as `FormatError`; and telling a shard's codec from its first bytes (`sniff`).
+corruption as `FormatError`; and telling a shard's codec from its first bytes (`sniff`), as
+tarfile does (so also .lzma, LZMA-alone).
 
 One `_Inflater` holds what the three share: concatenated members (`cat a.gz b.gz`, pbzip2,
 `cat a.xz b.xz`) are read one after the other, the reader stops at each member's end so that it
@@ -22,7 +23,8 @@ from typing import Any, Optional, Tuple, Type
 
 from .._base.errors import FormatError
 
-__all__ = ["Bz2Inflater", "GZIP_MAGIC", "GzipInflater", "MAGIC_BYTES", "OUT_STEP", "XzInflater", "sniff"]
+__all__ = ["Bz2Inflater", "GZIP_MAGIC", "GzipInflater", "LzmaInflater", "MAGIC_BYTES", "OUT_STEP", "XzInflater",
+           "sniff"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # expect a gzip header and trailer; zlib checks the CRC and size
@@ -31,6 +33,7 @@ _GZIP_WBITS = 16 + zlib.MAX_WBITS  # expect a gzip header and trailer; zlib chec
 _BZ2_BLOCK = b"\x31\x41\x59\x26\x53\x59"
 _BZ2_END = b"\x17\x72\x45\x38\x50\x90"
 XZ_MAGIC = b"\xfd7zXZ\x00"
+LZMA_MAGIC = b"\x5d\x00\x00\x80"  # .lzma (LZMA-alone), as tarfile knows it: lc/lp/pb 3/0/2, an 8 MiB dictionary
 OUT_STEP = 8 << 20  # the most bytes one `feed` call decompresses (a 1 MiB chunk of plain tar gives ~1 MiB)
 
 
@@ -179,6 +182,13 @@ class XzInflater(_Inflater):
         return lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
 
 
+class LzmaInflater(XzInflater):
+    name = "lzma"
+
+    def _new(self) -> Any:
+        return lzma.LZMADecompressor(format=lzma.FORMAT_ALONE)
+
+
 def _is_bz2(head: bytes) -> bool:
     return head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in (_BZ2_BLOCK, _BZ2_END)
 
@@ -193,11 +203,14 @@ def sniff(head: bytes) -> Tuple[Optional[type], bool]:
         return GzipInflater, True
     if head[:6] == XZ_MAGIC:
         return XzInflater, True
+    if head[:4] == LZMA_MAGIC:
+        return LzmaInflater, True
     if len(head) >= MAGIC_BYTES and _is_bz2(head):
         return Bz2Inflater, True
     undecided = (
         (len(head) < 2 and GZIP_MAGIC.startswith(head))
         or (len(head) < 6 and XZ_MAGIC.startswith(head))
+        or (len(head) < 4 and LZMA_MAGIC.startswith(head))
         or (len(head) < MAGIC_BYTES and _could_be_bz2(head))
     )
     return None, not undecided
