@@ -298,3 +298,36 @@ def test_a_count_below_the_shard_s_samples_is_an_error_not_lost_samples(tmp_path
     results = _ranks(urls, 2, monkeypatch)
     errors = [r for r in results if isinstance(r, Exception)]
     assert errors and all("holds more samples than its sample count" in str(e) for e in errors)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_count_of_0_for_a_shard_with_samples_is_an_error_not_lost_samples(tmp_path, monkeypatch, workers):
+    """sizes.json says 0 (indexed while it was written), the shard holds 8: a shard counted
+    empty is in no rank's plan, so its samples were silently never read. One worker of one rank
+    now looks that it is empty; a shard that is, passes."""
+    urls = _rewritten(tmp_path, extra_fields=False, samples=8)
+    for idx in tmp_path.glob("*.idx"):
+        idx.unlink()
+    empty = str(tmp_path / "s-3.tar")
+    with wds.TarWriter(empty):
+        pass
+    sizes = json.loads((tmp_path / "sizes.json").read_text())
+    (tmp_path / "sizes.json").write_text(json.dumps(dict(sizes, **{"s-1.tar": 0, "s-3.tar": 0})))
+    errors, keys = [], []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = wds.WebLoader(wds.WebDataset(urls + [empty], shardshuffle=False, nodesplitter=wds.split_by_node),
+                               batch_size=None, num_workers=workers)
+        try:
+            keys += [s["__key__"] for s in loader]
+        except wds.FormatError as exn:
+            errors.append(exn)
+    assert len(errors) == 1 and "says 0" in str(errors[0]) and errors[0].url == urls[1], (errors, keys)
+    (tmp_path / "sizes.json").write_text(json.dumps(dict(sizes, **{"s-1.tar": 8, "s-3.tar": 0})))
+    monkeypatch.setattr("shardstream._shard.counts._sizes_files", {})  # (read once a process)
+    keys = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        keys += [s["__key__"] for s in wds.WebDataset(urls + [empty], shardshuffle=False, nodesplitter=wds.split_by_node)]
+    assert sorted(keys) == sorted(f"k{s}_{i}" for s in range(3) for i in range(8 if s == 1 else 6))

@@ -68,6 +68,8 @@ def shard_samples(
     stopping one ends the shard after the sample being assembled (as webdataset's does).
     """
     if limit is not None and limit <= 0:
+        if ends_shard:  # (a count of 0: an empty shard, which nobody reads; a stale 0 would lose its samples)
+            _check_empty(batches, url, rename_files, select_files)
         return
     current: Optional[Dict[str, Any]] = None
     current_key: Optional[str] = None
@@ -136,6 +138,17 @@ def shard_samples(
         if cursor is not None:
             cursor.advance(None, True)
         yield current
+
+
+def _check_empty(batches: Iterable[List[Any]], url: str, rename_files: Optional[Callable[[str], str]],
+                 select_files: Optional[Callable[[str], bool]]) -> None:
+    """Raise FormatError at the first member of a sample in a shard counted empty."""
+    for members in batches:
+        for name, _data, offset in members:
+            if _field(name, rename_files, select_files) is not None:
+                raise FormatError("the shard holds samples, but its sample count (sizes.json or .idx) says 0: the "
+                                  "count is stale (run `shardstream index` on it again)", url=url, member=name,
+                                  offset=offset)
 
 
 def _whole_before(
@@ -332,8 +345,8 @@ class TarShardSamples(PipelineStage):
             offset, skip = 0, start
         elif offset is None:
             offset, skip, indexed = index_position(url, start) if start else (0, 0, None)
-        if stop is not None and stop <= start:
-            return
+        if stop is not None and stop <= start and not ends_shard:
+            return  # (an empty range; one that ends the shard at 0 checks that the shard is empty)
         info = cursor.info if cursor is not None and self.opener is None else None  # offsets only where we can seek
         batches = self.batches(url, offset, ready if not offset else None, info)
         if indexed is not None:
