@@ -119,8 +119,8 @@ def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[byte
     if enforced() and scheme in ("", "file"):
         raise UsageError("gopen: unsafe_gopen is False, cannot open local files", url=url)
     handler = gopen_schemes.get(scheme) if scheme else None
-    if handler is None:
-        handler = gopen_schemes["__default__"]
+    if handler is None or (getattr(handler, "shardstream_builtin", False) and mode == "rb" and fetches_natively(url)):
+        handler = gopen_schemes["__default__"]  # (a fetcher registered for the scheme of one of our openers)
     return handler(url, mode, bufsize, **kw)
 
 

@@ -20,6 +20,7 @@ from looptools import loop_tasks, reader, serve_app, wait_for, write_files
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 
+import shardstream as wds  # noqa: E402
 from shardstream._fetch import registry as _fetch  # noqa: E402
 from shardstream._base.errors import (  # noqa: E402
     FetchError,
@@ -479,6 +480,31 @@ def test_registered_fetchers_and_lazy_imports(server, files, monkeypatch):
     with pytest.raises(UsageError, match="s3"):
         fetch_all("s3://bucket/key.tar")
     assert fetch_all(server.url("small.bin"))[0] == files[1]["small.bin"]
+
+
+@pytest.mark.parametrize("scheme", ["ais", "htgs"])
+def test_a_fetcher_registered_for_a_scheme_our_openers_serve_takes_it_over(files, scheme):
+    """gopen_schemes holds our own `ais` (the ais CLI) and `htgs` openers by default: they were
+    taken for a user's, so register_fetcher("ais", f) was silently ignored."""
+    async def memory(url, *, options, start=0):
+        yield files[1]["small.bin"][start:]
+
+    previous = register_fetcher(scheme, memory)
+    try:
+        assert fetch_all(f"{scheme}://bucket/small.bin")[0] == files[1]["small.bin"]
+        with wds.gopen(f"{scheme}://bucket/small.bin") as stream:
+            assert stream.read() == files[1]["small.bin"]
+    finally:
+        register_fetcher(scheme, previous)
+
+
+def test_an_opener_whose_command_is_missing_is_a_usage_error_not_a_missing_shard(monkeypatch):
+    """`ais://` goes to the `ais` command (webdataset's gopen_schemes); without it installed,
+    Popen's FileNotFoundError read as "shard not found", which handlers skip: every shard of a
+    misconfigured machine skipped quietly."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(UsageError, match="runs 'ais', which is not installed"):
+        list(wds.WebDataset("ais://bucket/train-000.tar", shardshuffle=False))
 
 
 # --- early close, garbage collection, backpressure ------------------------------------------------

@@ -194,6 +194,11 @@ def _open_with(opener: Callable[..., Any], url: str, mode: str) -> IO[bytes]:
     try:
         return opener(url, mode, 8192)
     except FileNotFoundError as exn:
+        missing = exn.filename
+        if isinstance(missing, str) and missing and "/" not in missing and missing not in urlparse(url).path:
+            # (the opener's command is not installed: no missing shard, which handlers skip)
+            raise UsageError(f"the opener in gopen_schemes for this URL runs {missing!r}, which is not installed "
+                             "(or not on PATH)", url=url) from safe_cause(exn)
         raise ShardNotFound("shard not found", url=url) from safe_cause(exn)
     except (UsageError, FetchError):
         raise

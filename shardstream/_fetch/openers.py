@@ -143,3 +143,8 @@ def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192) -> Pipe:
 def gopen_error(url: str, *args: Any, **kw: Any) -> IO[bytes]:
     """The handler for schemes nobody handles: always raises."""
     raise UsageError(f"{url}: no gopen handler defined")
+
+
+# (ours, in gopen_schemes by default: a fetcher registered for their scheme takes over from them)
+gopen_htgs.shardstream_builtin = True  # type: ignore[attr-defined]
+gopen_ais.shardstream_builtin = True  # type: ignore[attr-defined]

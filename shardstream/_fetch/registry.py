@@ -59,8 +59,12 @@ def fetches_natively(url: str) -> bool:
     """Whether `url`'s scheme has a fetcher in the registry (http, https, s3 and every scheme
     added with `register_fetcher`): such URLs stream through the async fetchers; the rest
     (paths, file:, pipe:, other fsspec protocols, and schemes whose opener a user put in
-    webdataset's `gopen_schemes`) through the blocking opener."""
-    return _entry_for(url) is not None and user_opener(url) is None
+    webdataset's `gopen_schemes`) through the blocking opener. A fetcher registered for a scheme
+    that one of our own openers serves in `gopen_schemes` (`ais`, `htgs`) takes it over."""
+    if _entry_for(url) is None:
+        return False
+    opener = user_opener(url)
+    return opener is None or getattr(opener, "shardstream_builtin", False)
 
 
 def _entry_for(url: str) -> Optional[Union[str, Fetcher]]:
