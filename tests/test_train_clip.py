@@ -156,3 +156,45 @@ def test_http_shards_with_the_cache(clip_data, tmp_path):
                              *COMMON, nproc=None)
     assert len(_keys(steps[0], 0)) == TRAIN  # sizes.json read over HTTP: the whole epoch
     assert len([f for f in os.listdir(tmp_path / "cache") if f.endswith(".tar")]) == 4
+
+
+@pytest.mark.timeout(300)
+def test_train_num_samples_ends_each_epoch_without_resampling(clip_data, tmp_path):
+    """--train-num-samples 96 over 384 samples without --dataset-resampled sized only the learning
+    rate schedule: each epoch trained all 384, three quarters of them at lr 0. Now each epoch
+    ends at 96 (OpenCLIP's with_epoch does the same); more than the shards hold is refused."""
+    data = ["--train-data", str(clip_data / "train-{000000..000003}.tar"), *COMMON]
+    steps, summary, _ = _train(tmp_path / "run", *data, "--train-num-samples", "96")
+    assert [len(_keys(steps[0], epoch)) for epoch in (0, 1)] == [96, 96]
+    assert summary["samples_seen"] == 192
+    cmd = [sys.executable, os.path.join(TOOLS, "train_clip.py"), "--output-dir", str(tmp_path / "no"), *data,
+           "--train-num-samples", str(TRAIN + 1)]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "more than the 384 samples" in refused.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_subprocess_loader_s_resampled_epoch_is_not_divided_by_workers(clip_data, tmp_path):
+    """--workers 2 with --subprocess-loader (one helper process, the flag unused) halved the
+    resampled epoch: with_epoch's length was divided by the workers."""
+    data = ["--train-data", str(clip_data / "train-{000000..000003}.tar"), "--dataset-resampled",
+            "--train-num-samples", "192", *COMMON, "--epochs", "1"]
+    steps, _, _ = _train(tmp_path / "run", *data, "--subprocess-loader", "--workers", "2")
+    assert len(steps[0]) == 192 // BATCH
+
+
+@pytest.mark.timeout(400)
+def test_a_resampled_run_resumed_on_fewer_ranks_trains_every_epoch(clip_data, tmp_path):
+    """Saved on 2 ranks, resumed on 1: each epoch was taken to end at (epoch + 1) x
+    --train-num-samples, but a resampled epoch is whole batches per worker (224, not 200): by a
+    late epoch the run was past that, and the resumed epochs trained nothing."""
+    data = ["--train-data", str(clip_data / "train-{000000..000003}.tar"), "--dataset-resampled",
+            "--train-num-samples", "200", "--workers", "2", *COMMON, "--epochs", "4"]
+    _train(tmp_path / "run", *data, "--stop-at-step", "24", nproc=2)  # 14 steps (224 samples) an epoch: in epoch 1
+    steps, summary, result = _train(tmp_path / "run", *data, "--resume", "latest", nproc=None)
+    assert "saved on 2 ranks" in result.stdout
+    resumed = [r for r in steps[0] if r["step"] > 24]
+    assert {r["epoch"] for r in resumed} == {1, 2, 3}
+    rest = sum(r["epoch"] == 1 for r in resumed) * BATCH  # (one rank now)
+    assert 24 * 2 * BATCH + rest >= 224 + 200  # epoch 1 was cut at (1 + 1) x 200 = 400: one step
+    assert 4 * 200 <= summary["samples_seen"] <= 4 * 224

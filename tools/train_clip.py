@@ -122,7 +122,12 @@ def make_train_loader(args: argparse.Namespace, world_size: int):
     else:
         if args.train_data_upsampling_factors:
             raise SystemExit("--train-data-upsampling-factors needs --dataset-resampled (OpenCLIP's rule)")
-        samples_per_epoch = args.train_num_samples or (sum(counts) if None not in counts else None)
+        total = sum(counts) if None not in counts else None
+        if args.train_num_samples and total is not None and args.train_num_samples > total:
+            raise SystemExit(f"--train-num-samples {args.train_num_samples} is more than the {total} samples of the "
+                             "shards: an epoch reads each sample once here (--dataset-resampled draws any number)")
+        # (fewer than the shards hold: each epoch ends there, the Trainer's `epoch_end`)
+        samples_per_epoch = args.train_num_samples or total
         if samples_per_epoch is None:
             raise SystemExit("no sizes.json beside the shards: pass --train-num-samples or run `shardstream index`")
     if args.cache_dir:
@@ -150,8 +155,10 @@ def make_train_loader(args: argparse.Namespace, world_size: int):
         .batched(args.batch_size, partial=False)
     )
     if args.dataset_resampled:  # OpenCLIP's epoch: the same number of batches from every worker
-        workers = max(1, args.workers)
-        dataset = dataset.with_epoch(math.ceil(samples_per_epoch / (args.batch_size * world_size * workers)))
+        workers = 1 if args.subprocess_loader else max(1, args.workers)  # (the helper is one process)
+        per_worker = math.ceil(samples_per_epoch / (args.batch_size * world_size * workers))
+        dataset = dataset.with_epoch(per_worker)
+        samples_per_epoch = per_worker * args.batch_size * world_size * workers  # (whole batches: OpenCLIP's count)
     if args.subprocess_loader:
         if not hasattr(wds, "SubprocessLoader"):
             raise SystemExit("--subprocess-loader needs a shardstream with SubprocessLoader")
@@ -316,7 +323,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train-data", required=True, help="shard spec; '::' separates sources")
     p.add_argument("--train-data-upsampling-factors", default=None, help="e.g. '1::4' (with --dataset-resampled)")
     p.add_argument("--dataset-resampled", action="store_true", help="draw shards with replacement")
-    p.add_argument("--train-num-samples", type=int, default=None, help="samples per epoch (default: sizes.json)")
+    p.add_argument("--train-num-samples", type=int, default=None,
+                   help="samples per epoch, all ranks (default: sizes.json; without --dataset-resampled at most that)")
     p.add_argument("--val-data", default=None, help="held-out shard(s) for zero-shot retrieval")
     p.add_argument("--cache-dir", default=None, help="keep remote shards on local disk")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
@@ -367,7 +375,7 @@ class Trainer:
                                             {"params": rest, "weight_decay": 0.0}], lr=args.lr)
         self.epoch, self.step, self.seen = 0, 0, 0  # seen: samples, all ranks together
         self.resumed_mid_epoch = False
-        self.epoch_limit = None  # samples seen at which the current epoch ends early (see resume)
+        self.epoch_start = 0  # samples seen when the current epoch began: it ends samples_per_epoch later
         self.batches = None  # the current epoch's DevicePrefetcher: its state_dict is the loader's
         self.checkpoint_path = os.path.join(args.output_dir, "checkpoints", "latest.pt")
         self.totals = {"wait": 0.0, "time": 0.0, "samples": 0}
@@ -390,14 +398,15 @@ class Trainer:
         self.epoch, self.step, self.seen = state["epoch"], state["step"], state["samples_seen"]
         if state["loader"] is not None:  # mid-epoch: every saved rank's loader state
             self.loader.set_epoch(self.epoch)
+            # (checkpoints before epoch_start was saved: every epoch before this one was whole)
+            self.epoch_start = state.get("epoch_start", self.epoch * self.samples_per_epoch)
+            self.resumed_mid_epoch = True
             if len(state["loader"]) != self.world_size and self.args.dataset_resampled:
                 # draws with replacement have no "samples left" to share out on a new layout:
                 # draw the rest of the epoch afresh, up to the epoch's number of samples
                 warnings.warn("resampled data on another number of ranks: the rest of the epoch is drawn afresh")
-                self.epoch_limit = (self.epoch + 1) * self.samples_per_epoch
             else:  # the same layout, or any other one (split_by_node shares out what is left)
                 self.loader.load_state_dict(state["loader"])
-                self.resumed_mid_epoch = True
         if self.rank == 0:
             where = f"mid-epoch (saved on {len(state['loader'])} ranks)" if state["loader"] else "at an epoch start"
             print(f"resumed from {path}: epoch {self.epoch}, step {self.step}, {where}", flush=True)
@@ -410,7 +419,8 @@ class Trainer:
             os.makedirs(os.path.dirname(self.checkpoint_path), exist_ok=True)
             torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "loader": loader_states, "epoch": self.epoch if mid_epoch else self.epoch + 1,
-                        "step": self.step, "samples_seen": self.seen, "world_size": self.world_size,
+                        "step": self.step, "samples_seen": self.seen, "epoch_start": self.epoch_start,
+                        "world_size": self.world_size,
                         "args": vars(self.args)}, self.checkpoint_path + ".tmp")
             os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)  # never half a checkpoint
 
@@ -418,7 +428,7 @@ class Trainer:
         """The next batch, or None when this epoch is over on any rank (DDP needs every rank to
         run every step: a rank whose bad samples were skipped may run out one batch early)."""
         batch = next(iterator, None)
-        if self.epoch_limit is not None and self.seen >= self.epoch_limit:
+        if self.seen >= self.epoch_start + self.samples_per_epoch:  # (--train-num-samples ends it early)
             batch = None
         if self.distributed:
             more = torch.tensor([batch is not None], dtype=torch.int32, device=self.device)  # (nccl: on the GPU)
@@ -446,6 +456,7 @@ class Trainer:
         args = self.args
         if not self.resumed_mid_epoch:
             self.loader.set_epoch(self.epoch)  # a new shard order, the same on every rank
+            self.epoch_start = self.seen
         self.resumed_mid_epoch = False
         self.batches = wds.DevicePrefetcher(self.loader, device=self.device, depth=2)
         iterator = iter(self.batches)
@@ -486,7 +497,6 @@ class Trainer:
                     print(f"stopped at step {self.step}; go on with --resume {self.checkpoint_path}", flush=True)
                 return False
         iterator.close()
-        self.epoch_limit = None
         self.save(mid_epoch=False)
         if self.eval_set is not None:
             self.log({"epoch": self.epoch, "step": self.step, "samples_seen": self.seen,
