@@ -242,6 +242,8 @@ class WebDataset(DataPipeline, FluidInterface):
     def _append_shard_source(
         self, urls: Any, mode: Optional[str], seed: Any = None, weights: Any = None, mix: Optional[str] = None
     ) -> None:
+        if isinstance(urls, os.PathLike):  # (a pathlib path: the string it stands for)
+            urls = os.fspath(urls)
         if isinstance(urls, str) and (urls.endswith(".yaml") or urls.endswith(".yml")):
             with open(urls) as stream:
                 spec = yaml.safe_load(stream)

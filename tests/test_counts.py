@@ -66,3 +66,18 @@ def test_where_cheap_counts_come_from(tmp_path, monkeypatch):
     monkeypatch.setattr(counts, "_sizes_files", {})
     assert counts.cheap_counts(plain) == [40, 1]  # sizes.json before walking
     assert counts.known_counts(plain) == [40, None]  # no walks there
+
+
+def test_sizes_json_names_a_percent_encoded_http_shard_by_its_file_name(tmp_path, monkeypatch):
+    """`a b.tar` served as `.../a%20b.tar`: sizes.json (written on disk, or by `shardstream
+    index` over HTTP) keys the file name; the URL's encoded name found no count."""
+    from shardserver import ShardServer
+
+    monkeypatch.setattr(counts, "_sizes_files", {})
+    write_tar(str(tmp_path / "a b.tar"), [m for i in range(3) for m in sample_members(i, exts=("cls",))])
+    with open(tmp_path / "sizes.json", "w") as f:
+        json.dump({"a b.tar": 3}, f)
+    with ShardServer(str(tmp_path)) as server:
+        url = server.url("a b.tar")
+        assert "a%20b.tar" in url
+        assert counts.known_counts([url]) == [3]

@@ -91,3 +91,26 @@ def test_a_comma_that_ends_a_clause_stays():
     assert redact(text) == "cannot open (url=http://h/x.tar?api_key=***, member=None, offset=0)"
     assert redact("token=a,b,c next") == "token=*** next"
     assert redact("see http://u:pw@h/x?sig=abc, then") == "see http://***@h/x?sig=***, then"
+
+
+def test_a_password_with_a_raw_space_is_hidden_in_the_error_naming_the_url():
+    """`http://bob:hunter 2secret@host/a.tar` (typed so; aiohttp sends it): a text search for URLs
+    ends at the space, and the error showed `url=http://bob:hunter 2secret@...`."""
+    import shardstream as wds
+
+    error = wds.ShardNotFound("HTTP 404 Not Found", url="http://bob:hunter 2secret@127.0.0.1:9/nope.tar", offset=0)
+    assert "hunter" not in str(error) and "2secret" not in str(error) and "127.0.0.1:9/nope.tar" in str(error)
+    assert "2secret" not in error.url
+
+
+def test_pathlib_paths_are_shard_urls(tmp_path):
+    """webdataset asserts on them; a list of `Path` gave an AttributeError from deep inside."""
+    from pathlib import Path
+
+    import shardstream as wds
+
+    path = tmp_path / "a.tar"
+    with wds.TarWriter(str(path)) as sink:
+        sink.write({"__key__": "k", "txt": "x"})
+    for spec in (path, [path], [Path(str(path))]):
+        assert [s["__key__"] for s in wds.WebDataset(spec, shardshuffle=False)] == ["k"]

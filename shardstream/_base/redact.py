@@ -27,6 +27,7 @@ MASK = "***"
 # To the next space (a password may hold quotes), less a comma that ends a clause ("url=..., offset=0")
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://(?:[^\s,]|,(?!\s|$))+")
 _PORT = re.compile(r":\d*$")
+_SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SECRET_NAME = r"[\w.-]*(?:key|token|secret|signature|password|passwd|credential|auth)[\w.-]*|sig|pwd|pass"
 _ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&#;:\s'\"(,])(?:{_SECRET_NAME})=)(?:[^&#;\s'\",]|,(?!\s|$))*")
 _USER_OPTION = re.compile(r"((?:^|\s)(?:-u\s*|--user[=\s]+|--password[=\s]+))(['\"]?)[^\s'\"]+")
@@ -93,19 +94,29 @@ def redact(text: object, secrets: Sequence[str] = ()) -> str:
     return result
 
 
-redact_url = redact  # the name the rest of the package (and its users) know
+def redact_url(url: object) -> str:
+    """`redact(url)`, the pieces of its password masked wherever they appear too: a password
+    that holds a raw space (`http://bob:hunter 2@host/a.tar`, sent as typed) ends the URL a
+    text search finds at the space."""
+    text = str(url)
+    return redact(text, url_secrets(text))
 
 
 def url_secrets(url: str) -> Tuple[str, ...]:
     """The pieces of `url`'s password (split at "#", "?", "/", "@"; 3 characters or more), for
     texts that may quote them out of context: a parser's "invalid port 'Zq9'" for
-    `user:Zq9#x@host`. (Not the user name: masking it would garble ordinary words.)"""
-    found = _URL.search(url)
-    if found is None:
-        return ()
-    rest = found.group(0).partition("://")[2]
+    `user:Zq9#x@host`. (Not the user name: masking it would garble ordinary words.) `url` that
+    is one URL is read whole: a password may hold a space."""
+    scheme = _SCHEME.match(url)
+    if scheme is not None:
+        rest = url[scheme.end():]
+    else:
+        found = _URL.search(url)
+        if found is None:
+            return ()
+        rest = found.group(0).partition("://")[2]
     at = _userinfo_end(rest)
     if at == -1:
         return ()
     password = rest[:at].partition(":")[2]
-    return tuple(piece for piece in re.split(r"[#?/@]", password) if len(piece) >= 3)
+    return tuple(piece for piece in re.split(r"[#?/@\s]", password) if len(piece) >= 3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from typing import Iterable, List, Union
+from urllib.parse import unquote
 
 import braceexpand
 
@@ -69,12 +70,14 @@ def expand_urls(urls: Union[str, Iterable[str]]) -> List[str]:
     (`train-{000..099}.tar`). Any other iterable is taken as a list of URLs as it is (the 0.2.x
     behaviour that OpenCLIP relies on; webdataset 1.0.2 crashes on a list).
     """
+    if isinstance(urls, os.PathLike):
+        urls = os.fspath(urls)  # type: ignore[assignment]
     if isinstance(urls, str):
         result: List[str] = []
         for part in split_sources(urls):
             result.extend(braceexpand.braceexpand(envsubst(part)))
-    else:
-        result = list(urls)
+    else:  # (pathlib paths as the strings they stand for)
+        result = [os.fspath(url) if isinstance(url, os.PathLike) else url for url in urls]
     if any(isinstance(url, str) and not url.strip() for url in result):
         raise UsageError(f"an empty shard URL in {urls!r} (a stray '::', or an empty list entry)")
     return result
@@ -90,6 +93,8 @@ def without_query(url: str) -> str:
 
 
 def shard_name(url: str) -> str:
-    """The file name of a shard URL or path, without an http(s) query or fragment (what
-    sizes.json keys)."""
-    return without_query(url).rstrip("/").rsplit("/", 1)[-1]
+    """The file name of a shard URL or path, without an http(s) query or fragment, and an
+    http(s) name percent-decoded (`a%20b.tar` is the file `a b.tar`): what sizes.json keys,
+    whether the folder was indexed on disk or over HTTP."""
+    name = without_query(url).rstrip("/").rsplit("/", 1)[-1]
+    return unquote(name) if url[:8].lower().startswith(("http://", "https://")) else name
