@@ -498,6 +498,26 @@ def test_a_fetcher_registered_for_a_scheme_our_openers_serve_takes_it_over(files
         register_fetcher(scheme, previous)
 
 
+@pytest.mark.timeout(30)
+def test_a_registered_fetcher_that_falls_silent_is_held_to_the_stall_timeout():
+    """A user's fetcher that yields a KiB, then waits for ever, hung the pass: stall_timeout was
+    kept by our own fetchers only."""
+    async def silent(url, *, options, start=0):
+        yield b"x" * 1024
+        await asyncio.sleep(3600)
+        yield b"never"
+
+    previous = register_fetcher("silent", silent)
+    try:
+        started = time.monotonic()
+        with pytest.raises(FetchTimeout, match="stall_timeout") as info:
+            fetch_all("silent://bucket/a.tar", FetchOptions(stall_timeout=0.5))
+        assert time.monotonic() - started < 5 and info.value.offset == 1024
+        assert info.value.url == "silent://bucket/a.tar"
+    finally:
+        register_fetcher("silent", previous)
+
+
 def test_an_opener_whose_command_is_missing_is_a_usage_error_not_a_missing_shard(monkeypatch):
     """`ais://` goes to the `ais` command (webdataset's gopen_schemes); without it installed,
     Popen's FileNotFoundError read as "shard not found", which handlers skip: every shard of a

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any, AsyncGenerator, Callable, Dict, Iterable, Iterator, List, Optional, Set, Union
 
-from .._base.errors import FetchError, ShardStreamError, UsageError, safe_cause
+from .._base.errors import FetchError, FetchTimeout, ShardStreamError, UsageError, safe_cause
 from .open import open_url, user_opener
 from .options import FetchOptions, note_fetch
 from .parts import parallel_stream
@@ -181,10 +181,20 @@ async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, star
     if start < 0:
         raise ValueError(f"start must be >= 0, got {start}")
     offset = start
+    # A fetcher of the user's (register_fetcher) is held to stall_timeout here: ours keep it
+    # themselves, with retries; one that falls silent hung the pass for ever.
+    timeout = options.stall_timeout if callable(_entry_for(url)) else None
     try:
         chunks = _chunks_for(url, options, start)
         try:
-            async for chunk in chunks:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(chunks.__anext__(), timeout)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    raise FetchTimeout(f"no bytes from the fetcher registered for this scheme for {timeout:g} s "
+                                       "(stall_timeout)", url=url, offset=offset) from None
                 offset += len(chunk)
                 note_fetch(bytes=len(chunk))
                 yield chunk
