@@ -350,3 +350,35 @@ def test_a_file_callbacks_error_names_the_member_and_shard(tmp_path, option):
         assert "rename_files returned None for member 's0.json'" in str(info.value)
     samples = list(wds.WebDataset(path, shardshuffle=False, handler=wds.ignore_and_continue, **callbacks))
     assert [sorted(k for k in s if not k.startswith("__")) for s in samples] == [["txt"], ["txt"]]
+
+
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_a_long_run_of_zeros_mid_shard_does_not_hide_the_samples_after_it(tmp_path, where):
+    """1 MiB of zero blocks where a header is due (a damaged shard; or `cat a.tar b.tar` with a
+    `tar -b 256` first archive): a valid header after them was looked for within 64 KiB only, so
+    the samples after were lost with no error and `verify` passed. A shard of known length is
+    looked at to its end."""
+    from shardstream.cli import main
+
+    members = [m for i in range(6) for m in sample_members(i)]
+    whole = tmp_path / "whole.tar"
+    write_tar(str(whole), members)
+    cut = 512 * sum(1 + (len(m[1]) + 511) // 512 for m in members[: len(members) // 2])  # at sample 3's header
+    raw = whole.read_bytes()
+    damaged = tmp_path / "damaged.tar"
+    damaged.write_bytes(raw[:cut] + bytes(1 << 20) + raw[cut:])
+    url = str(damaged)
+    if where == "http":
+        from shardserver import ShardServer
+
+        server = ShardServer(str(tmp_path)).__enter__()
+        url = server.url("damaged.tar")
+    try:
+        keys = []
+        with pytest.raises(wds.FormatError, match="after the end-of-archive block"):
+            keys.extend(s["__key__"] for s in wds.WebDataset(url, shardshuffle=False))
+        assert keys == ["s0000", "s0001", "s0002"]
+    finally:
+        if where == "http":
+            server.__exit__(None, None, None)
+    assert main(["verify", "-q", str(damaged)]) == 1

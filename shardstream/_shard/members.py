@@ -17,7 +17,7 @@ from .._base.errors import FetchError, ShardNotFound, ShardStreamError, redact_u
 from .._tar.codecs import MAGIC_BYTES, sniff
 from .._base.malloc import tune_malloc
 from .._base.counters import Counters
-from .._tar.reader import TAIL_SCAN, TarMember, TarReader
+from .._tar.reader import TarMember, TarReader
 
 __all__ = ["SourceStats", "chunk_member_batches", "is_compressed_file", "iter_members", "mapped_member_batches", "member_batches"]
 
@@ -175,7 +175,7 @@ def mapped_member_batches(
             if hasattr(mapped, "madvise") and done - released >= WINDOW:
                 mapped.madvise(mmap.MADV_DONTNEED, released, done - released)
                 released = done
-        stop = min(size, pos + TAIL_SCAN) if reader.finished else size  # after the archive: a stray header?
+        stop = min(size, reader.tail_end(pos)) if reader.finished else size  # after the archive: a stray header?
         if check is not None:
             check(view, stop)
         else:

@@ -25,7 +25,7 @@ from .._base.errors import FormatError
 from .codecs import OUT_STEP, GzipInflater, sniff
 from .headers import changes_member, header_checksum_ok, number_field, pax_records, text_field
 
-__all__ = ["DATALESS", "EXTENSIONS", "TAIL_SCAN", "TarMember", "TarReader", "header_span"]
+__all__ = ["DATALESS", "EXTENSIONS", "TAIL_LIMIT", "TAIL_SCAN", "TarMember", "TarReader", "header_span"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -44,8 +44,12 @@ _DATALESS = frozenset(_SUPPORTED) - frozenset(_REGULAR) - frozenset(_EXTENSIONS)
 DATALESS = _DATALESS  # (for a walk of headers elsewhere: the cache's)
 _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
 # After the end-of-archive block, a valid header this close means a damaged shard or concatenated
-# archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB) is zeros.
+# archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB; `tar -b 256`:
+# 128 KiB) is zeros. A stream of unknown length is looked at this far; one whose length is known
+# (a file, an HTTP body) to its end, up to TAIL_LIMIT: a run of zeros longer than TAIL_SCAN (a
+# damaged shard) must not hide the samples after it.
 TAIL_SCAN = 64 << 10
+TAIL_LIMIT = 64 << 20
 _new_member = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
 
 
@@ -405,8 +409,8 @@ class TarReader:
                 if new_pos == pos or self._finished:
                     pos = new_pos
                     if self._finished:
-                        self._tail_at, self._tail_stop = base + pos, base + pos + TAIL_SCAN
-                        self._scan_tail(buf[pos : min(end, pos + TAIL_SCAN)])
+                        self._tail_at, self._tail_stop = base + pos, self.tail_end(base + pos)
+                        self._scan_tail(buf[pos : min(end, pos + self._tail_stop - self._tail_at)])
                     break
                 pos = new_pos
                 plain = self._ext is None and not self._global_applies
@@ -533,15 +537,23 @@ class TarReader:
         self._ext = self._dangling = None
         return stop
 
+    def tail_end(self, archive_end: int) -> int:
+        """How far past the end-of-archive block (at `archive_end`) to look for a stray header:
+        to the end of a stream of known length (up to TAIL_LIMIT), else TAIL_SCAN."""
+        if self._size is not None and not self._compressed:
+            return min(self._size, archive_end + TAIL_LIMIT)
+        return archive_end + TAIL_SCAN
+
     def _scan_tail(self, data) -> None:
-        """Raise if a valid header follows the end-of-archive block within TAIL_SCAN bytes;
-        `data` continues the bytes after that block."""
+        """Raise if a valid header follows the end-of-archive block before `_tail_stop`; `data`
+        continues the bytes after that block."""
         left = self._tail_stop - self._tail_at - len(self._tail_partial)
         if left <= 0 or not len(data):
             return
         data = self._tail_partial + bytes(data[:left])
         whole = len(data) - len(data) % BLOCK
-        for start in range(0, whole, BLOCK):
+        zeros = whole - len(data[:whole].lstrip(b"\0"))  # (padding: skipped at C speed)
+        for start in range(zeros - zeros % BLOCK, whole, BLOCK):
             block = data[start : start + BLOCK]
             if block != _ZERO_BLOCK and header_checksum_ok(block):
                 raise self._fail(
