@@ -237,3 +237,20 @@ def test_extract_says_which_links_it_leaves_out(tmp_path, capsys):
     assert "left out 3 links or special files" in captured.out
     for name, kind in (("s0.cls", "symbolic link"), ("s1.txt", "hard link"), ("fifo", "FIFO")):
         assert f"left out {name!r}: a {kind} (offset {offsets[name]})" in captured.err
+
+
+@pytest.mark.parametrize("odd", ["\r", "\n"])
+def test_index_of_keys_with_line_breaks_reads_back(tmp_path, odd, capsys):
+    """A key with a `\\r` made an `.idx` its reader refused (universal newlines: "bad index line
+    2"), and the advice to run `index` again looped; a key with a `\\n` cannot be a line: that
+    shard gets no `.idx` (and loses an earlier one), and says so."""
+    path = str(tmp_path / "odd.tar")
+    write_tar(path, [(f"a{odd}b.jpg", b"x"), ("c.jpg", b"y"), ("d.jpg", b"z")])
+    with open(path + ".idx", "w") as f:
+        f.write("0 old\n")
+    assert main(["index", path]) == 0
+    if odd == "\r":
+        assert [key for _, key in read_index(path + ".idx")] == [f"a{odd}b", "c", "d"]
+    else:
+        assert not os.path.exists(path + ".idx") and "no .idx: a key holds a newline" in capsys.readouterr().out
+    assert main(["verify", "-q", "--no-decode", path]) == 0

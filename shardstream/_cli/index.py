@@ -77,11 +77,16 @@ def cmd_index(args) -> int:
                 target = Destination(os.path.dirname(path) or ".")
             note = ""
             if write_idx and target is not None:
-                target.write_bytes(name + ".idx", idx_text(summary.samples).encode("utf-8", "surrogateescape"))
+                text = idx_text(summary.samples)
+                if text is not None:
+                    target.write_bytes(name + ".idx", text.encode("utf-8", "surrogateescape"))
+                else:  # (and none of an earlier index left to go stale)
+                    target.remove(name + ".idx")
+                    note = " (no .idx: a key holds a newline)"
                 if dali is not None:
                     target.write_bytes(name + ".dali.idx", dali_text(dali).encode("utf-8", "surrogateescape"))
                 elif not args.no_dali:
-                    note = f" (no .dali.idx: {why})"
+                    note += f" (no .dali.idx: {why})"
             elif write_idx:
                 skipped_remote += 1
             say(f"{url}: {summary.count} samples{note}")

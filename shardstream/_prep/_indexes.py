@@ -30,7 +30,11 @@ _EXTENSION_HEADERS = (b"x", b"g", b"L", b"K", b"X")  # PAX, PAX global, GNU long
 _KEEP = 8 << 20  # bytes of the stream kept behind the newest member before trimming
 
 
-def idx_text(samples: Sequence[Tuple[int, str]]) -> str:
+def idx_text(samples: Sequence[Tuple[int, str]]) -> Optional[str]:
+    """An `.idx` file's text (`OFFSET KEY` lines), or None where a key holds a newline: a line
+    cannot hold it (such a shard gets no `.idx`; the loader reads it from its start)."""
+    if any("\n" in key for _offset, key in samples):
+        return None
     return "".join(f"{offset} {key}\n" for offset, key in samples)
 
 

@@ -228,7 +228,11 @@ def write_shard(task: ShardTask, ctx: WriteContext) -> ShardResult:
         except BaseException:
             counting.abandoned = True
             raise
-    ctx.dest.write_bytes(task.name + ".idx", idx_text(samples).encode("utf-8", "surrogateescape"))
+    text = idx_text(samples)
+    if text is not None:
+        ctx.dest.write_bytes(task.name + ".idx", text.encode("utf-8", "surrogateescape"))
+    else:
+        notes.append(f"{task.name}: no .idx (a key holds a newline)")
     if ctx.dali:
         if compressed:
             notes.append(f"{task.name}: no .dali.idx (DALI reads plain tars)")

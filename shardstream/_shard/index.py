@@ -84,7 +84,7 @@ def read_index(path: str) -> List[Tuple[int, str]]:
         FormatError: a line that is not "offset key" with offsets rising, naming the file and line.
     """
     result: List[Tuple[int, str]] = []
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:  # (a key may hold a \r)
         for number, line in enumerate(f, 1):
             text, _, key = line.rstrip("\n").partition(" ")
             try:
