@@ -353,16 +353,21 @@ def _one_member(info: tarfile.TarInfo, data: bytes = b"", format=tarfile.PAX_FOR
     return out.getvalue()
 
 
-def test_gnu_sparse_is_refused():
+def test_a_malformed_sparse_member_is_an_error_naming_it():
+    """A map whose region wants more bytes than the member stores, a PAX 1.0 map that is no
+    number: a FormatError at the member (under its real name), not a member cut short."""
     archive = patch_header(_one_member(_info("sparse.bin", 4), b"data", tarfile.GNU_FORMAT), 0, 156, b"S")
+    archive = patch_header(archive, 0, 398, b"00000000144\0")  # region 1: 100 bytes
+    archive = patch_header(archive, 0, 483, b"00000000144\0")  # real size 100
     _, error = feed_until_error(archive)
-    assert "sparse" in error.message
+    assert "invalid GNU sparse member" in error.message
     assert_located(error, 0, "sparse.bin")
     info = _info("pax-sparse.bin", 4)
-    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "real"}
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "real",
+                        "GNU.sparse.realsize": "10"}
     _, error = feed_until_error(_one_member(info, b"data"))
-    assert "sparse" in error.message
-    assert_located(error, 0)
+    assert "invalid GNU sparse member" in error.message
+    assert_located(error, 0, "real")
 
 
 def _info(name: str, size: int) -> tarfile.TarInfo:
@@ -499,7 +504,7 @@ def test_reader_modules_do_no_io():
                     assert alias.name.split(".")[0] in _ALLOWED, (module, alias.name)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 assert node.func.id not in ("open", "__import__", "exec", "eval"), (module, node.func.id)
-    assert seen == {"_tar/__init__.py", "_tar/reader.py", "_tar/codecs.py", "_tar/headers.py", "_tar/keys.py",
+    assert seen == {"_tar/__init__.py", "_tar/reader.py", "_tar/codecs.py", "_tar/headers.py", "_tar/keys.py", "_tar/sparse.py",
                     "_base/errors.py", "_base/redact.py"}
 
 
@@ -589,3 +594,65 @@ def test_an_lzma_alone_shard_reads_as_tarfile_reads_it():
     got = [(m.name, m.data) for chunk in (packed[:3], packed[3:100], packed[100:]) for m in reader.feed(chunk)]
     got += [(m.name, m.data) for m in reader.close()]
     assert got == expected and got
+
+
+def _sparse_archives(tmp_path) -> dict:
+    """Archives GNU tar writes with `-S`: the old GNU format, and PAX sparse formats 0.0, 0.1, 1.0.
+    `a.npy` has 3 data regions, `b.npy` 30 (the old format's map goes on in extension blocks)."""
+    import subprocess
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(5)
+    for name, regions in (("a.npy", 3), ("b.npy", 30)):
+        with open(src / name, "wb") as f:
+            for i in range(regions):
+                f.seek(i * 3 * 4096)
+                f.write(rng.randbytes(4096 + i))
+            f.truncate(regions * 3 * 4096 + 8192)
+    (src / "a.cls").write_bytes(b"1")
+    (src / "c.cls").write_bytes(b"2")
+    archives = {}
+    for label, options in (("gnu", ["--format=gnu"]), *((f"pax {v}", ["--format=posix", f"--sparse-version={v}"])
+                                                        for v in ("0.0", "0.1", "1.0"))):
+        path = tmp_path / f"{label.replace(' ', '_')}.tar"
+        subprocess.run(["tar", "-S", *options, "-cf", str(path), "-C", str(src), "a.cls", "a.npy", "b.npy", "c.cls"],
+                       check=True, capture_output=True)
+        archives[label] = path.read_bytes()
+    return archives
+
+
+@pytest.mark.skipif(__import__("shutil").which("tar") is None, reason="needs GNU tar")
+def test_gnu_sparse_members_read_as_tarfile_reads_them(tmp_path):
+    """`tar -S` writes files with holes as sparse members; they were refused ("unsupported GNU
+    sparse member"), losing the shard's rest, where webdataset (tarfile) reads them. Their real
+    bytes now, holes as zeros, under their real names (PAX formats name a stand-in)."""
+    for label, archive in _sparse_archives(tmp_path).items():
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            expected = [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+        assert [name for name, _ in expected] == ["a.cls", "a.npy", "b.npy", "c.cls"], label
+        for chunk in (len(archive), 4096, 700):
+            reader = TarReader(label)
+            got = [(m.name, m.data) for at in range(0, len(archive), chunk) for m in reader.feed(archive[at : at + chunk])]
+            got += [(m.name, m.data) for m in reader.close()]
+            assert got == expected, (label, chunk)
+
+
+@pytest.mark.skipif(__import__("shutil").which("tar") is None, reason="needs GNU tar")
+def test_sparse_shards_read_through_the_loader_and_index(tmp_path):
+    """Through WebDataset as webdataset reads them; `index` counts them and writes no .dali.idx
+    (DALI reads what a member stores, not its holes)."""
+    import webdataset
+
+    import shardstream as wds
+    from shardstream.cli import main
+
+    for label, archive in _sparse_archives(tmp_path).items():
+        path = tmp_path / "shard.tar"
+        path.write_bytes(archive)
+        ours = [(s["__key__"], s["npy"] if "npy" in s else s["cls"]) for s in wds.WebDataset(str(path), shardshuffle=False)]
+        theirs = [(s["__key__"], s["npy"] if "npy" in s else s["cls"]) for s in webdataset.WebDataset(str(path), shardshuffle=False)]
+        assert ours == theirs and len(ours) == 3, label
+        assert main(["index", "-q", str(path)]) == 0
+        assert not (tmp_path / "shard.tar.dali.idx").exists() and (tmp_path / "shard.tar.idx").exists()
+        (tmp_path / "shard.tar.idx").unlink()

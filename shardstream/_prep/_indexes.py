@@ -98,16 +98,21 @@ class _Window:
             if close is not None:
                 close()
 
-    def data_offset(self, offset: int, url: str, name: str) -> int:
-        """Where the payload of the member whose first header is at `offset` begins."""
+    def data_offset(self, offset: int, url: str, name: str) -> Optional[int]:
+        """Where the payload of the member whose first header is at `offset` begins; None for a
+        GNU sparse member (what it stores is not its data: DALI cannot read it)."""
         pos = offset - self.base
+        sparse = False
         while True:
             block = self.buf[pos : pos + 512]
             if len(block) < 512:
                 raise FormatError("header out of the scanned window", url=url, member=name, offset=offset)
-            if bytes(block[156:157]) not in _EXTENSION_HEADERS:
-                return self.base + pos + 512
-            pos += 512 + (_number(bytes(block[124:136])) + 511) // 512 * 512
+            kind = bytes(block[156:157])
+            size = (_number(bytes(block[124:136])) + 511) // 512 * 512
+            if kind not in _EXTENSION_HEADERS:
+                return None if sparse or kind == b"S" else self.base + pos + 512
+            sparse = sparse or (kind in (b"x", b"X") and b"GNU.sparse." in self.buf[pos + 512 : pos + 512 + size])
+            pos += 512 + size
 
     def release(self, offset: int) -> None:
         if offset - self.base > _KEEP:
@@ -136,12 +141,14 @@ def scan_indexes(
                 elif any(c.isspace() for c in name):
                     why = f"member name with whitespace ({name!r})"
                 elif basename and not basename.endswith("/"):
-                    entry = (ext, window.data_offset(offset, url, name), len(data), name)
-                    if basename != last:
-                        groups.append([entry])
+                    at = window.data_offset(offset, url, name)
+                    if at is None:
+                        why = f"GNU sparse member ({name!r}: DALI reads plain files)"
+                    elif basename != last:
+                        groups.append([(ext, at, len(data), name)])
                         last = basename
                     else:
-                        groups[-1].append(entry)
+                        groups[-1].append((ext, at, len(data), name))
             yield member
             window.release(offset)
 

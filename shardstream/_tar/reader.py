@@ -19,17 +19,18 @@ modules, each part would need the others' private state. Header field parsing is
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .._base.errors import FormatError
 from .codecs import OUT_STEP, GzipInflater, sniff
+from .sparse import Regions, expand, map_1_0, old_gnu_extension, old_gnu_header, pax_regions
 from .headers import changes_member, header_checksum_ok, number_field, pax_records, text_field
 
 __all__ = ["DATALESS", "EXTENSIONS", "TAIL_LIMIT", "TAIL_SCAN", "TarMember", "TarReader", "header_span"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
-_REGULAR = (b"0", b"\0", b"7")  # tarfile.REGULAR_TYPES minus GNU sparse, which we refuse
+_REGULAR = (b"0", b"\0", b"7")  # tarfile.REGULAR_TYPES minus GNU sparse (`S`: see _sparse)
 # Types tarfile knows; their size field is ignored for non-regular ones (no data is skipped).
 # Unknown types are skipped *with* their data, as tarfile does.
 _SUPPORTED = (b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"L", b"K", b"S")
@@ -84,13 +85,15 @@ class _Extension:
     tarfile applies them innermost first, so for each field the *first* header that sets it wins.
     """
 
-    __slots__ = ("offset", "name", "size", "sparse")
+    __slots__ = ("offset", "name", "size", "sparse", "sparse_records", "sparse_payloads")
 
     def __init__(self, offset: int) -> None:
         self.offset = offset
         self.name: Optional[str] = None
         self.size: Optional[str] = None  # the PAX record; parsed once the member's name is known
         self.sparse = False
+        self.sparse_records: Dict[str, str] = {}  # GNU.sparse.* PAX records (the first header's win)
+        self.sparse_payloads: List[bytes] = []  # the PAX headers that held them (format 0.0 repeats keys)
 
 
 class TarReader:
@@ -493,7 +496,12 @@ class TarReader:
                     ext.name = None if path is None else path.rstrip("/")
                 if ext.size is None:
                     ext.size = records.get("size", glob.get("size"))
-                ext.sparse = ext.sparse or any(key.startswith("GNU.sparse.") for key in records)
+                found = {key: value for key, value in records.items() if key.startswith("GNU.sparse.")}
+                if found:
+                    ext.sparse = True
+                    for key, value in found.items():
+                        ext.sparse_records.setdefault(key, value)
+                    ext.sparse_payloads.append(payload)
             return stop
 
         # A member header: global PAX records first, then the extension headers before it.
@@ -520,10 +528,10 @@ class TarReader:
                 size = int(pax_size)
             except ValueError:
                 raise self._fail(f"invalid PAX size {pax_size!r}", name, offset) from None
-        if sparse:
-            raise self._fail("unsupported GNU sparse member", name, offset)
         if size < 0:
             raise self._fail("negative size in tar header", name, offset)
+        if sparse:
+            return self._sparse(buf, pos, hdr, typ, name, size, offset, out)
         self._pending = None
         stop = pos + BLOCK
         if typ not in _DATALESS:  # (extensions returned above)
@@ -535,6 +543,53 @@ class TarReader:
         elif self._others is not None and typ in _NOT_FILES:
             self._others(name, _NOT_FILES[typ], offset)
         self._ext = self._dangling = None
+        return stop
+
+    def _sparse(self, buf, pos: int, hdr: bytes, typ: bytes, name: str, size: int, offset: int,
+                out: List[TarMember]) -> int:
+        """A GNU sparse member (`_tar.sparse`): handed out at its real size, the holes zeros, as
+        tarfile reads it. `size` is what it stores (for PAX 1.0, its map too)."""
+        ext = self._ext
+        records = {k: v for k, v in self._global.items() if k.startswith("GNU.sparse.")} if self._global_applies else {}
+        payloads: List[bytes] = []
+        if ext is not None:
+            records.update(ext.sparse_records)
+            payloads = ext.sparse_payloads
+        name = records.get("GNU.sparse.name", name).rstrip("/")  # (PAX formats: the header names a stand-in)
+        self._pending = (name, offset)
+        data_at = pos + BLOCK
+        regions: Optional[Regions]
+        try:
+            if typ == b"S":
+                regions, extended, real_size = old_gnu_header(hdr)
+                while extended:  # the map goes on in blocks after the header
+                    if data_at + BLOCK > len(buf):
+                        return self._stall(pos, data_at + BLOCK, name, offset, regular=True)
+                    more, extended = old_gnu_extension(buf[data_at : data_at + BLOCK])
+                    regions += more
+                    data_at += BLOCK
+            else:
+                found = pax_regions(records, payloads)
+                if found is None:
+                    raise ValueError("GNU.sparse records that describe no map")
+                regions, real_size = found
+        except ValueError as exn:
+            raise self._fail(f"invalid GNU sparse member: {exn}", name, offset) from None
+        stop = data_at + ((size + 511) & -512)
+        if stop > len(buf):
+            return self._stall(pos, stop, name, offset, data_at + size, True)
+        data = b""
+        if self._payloads:
+            stored = buf[data_at : data_at + size]
+            try:
+                if regions is None:  # (PAX 1.0: the map heads the data)
+                    regions, skip = map_1_0(stored)
+                    stored = stored[skip:]
+                data = expand(stored, regions, real_size)
+            except ValueError as exn:
+                raise self._fail(f"invalid GNU sparse member: {exn}", name, offset) from None
+        out.append(TarMember(name, data, offset))
+        self._ext = self._dangling = self._pending = None
         return stop
 
     def tail_end(self, archive_end: int) -> int:
