@@ -118,7 +118,8 @@ def test_extract_refuses_paths_outside_the_target(tmp_path, capsys):
     dest = tmp_path / "out"
     assert main(["extract", evil, str(dest)]) == 1
     assert not (tmp_path / "escape.txt").exists()
-    assert "outside the target directory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "outside the target directory" in err and "evil.tar" in err and "offset=1024" in err  # (where, too)
     good = write_tar(str(tmp_path / "good.tar"), sample_members(1))
     assert main(["extract", good, str(dest)]) == 0
     assert (dest / "s0001.cls").read_bytes() == b"1"

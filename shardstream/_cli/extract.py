@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from .._base.errors import FormatError, UsageError
 from .._shard.members import iter_members
@@ -12,12 +13,15 @@ from ._common import say
 __all__ = ["cmd_extract", "safe_target"]
 
 
-def safe_target(root: str, name: str) -> str:
-    """The extraction path for a member name, refusing anything that would land outside root."""
+def safe_target(root: str, name: str, url: Optional[str] = None, offset: Optional[int] = None) -> str:
+    """The extraction path for a member name, refusing anything that would land outside root
+    (or be root itself: an empty name)."""
     root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(root, name))
+    if not name.strip("/"):
+        raise UsageError("member has an empty name: nothing to extract it to", url=url, member=name, offset=offset)
     if os.path.isabs(name) or not target.startswith(root + os.sep):
-        raise UsageError("member would be extracted outside the target directory", member=name)
+        raise UsageError("member would be extracted outside the target directory", url=url, member=name, offset=offset)
     return target
 
 
@@ -35,7 +39,7 @@ def cmd_extract(args) -> int:
         if "\0" in name:
             shown = name.replace("\0", "\\0")
             raise UsageError("member name holds a NUL byte", url=args.url, member=shown, offset=offset)
-        target = safe_target(args.dest, name)
+        target = safe_target(args.dest, name, args.url, offset)
         if target in written:  # (the loader refuses the shard for it too)
             raise FormatError("duplicate file name in tar file: extracting it would overwrite the first",
                               url=args.url, member=name, offset=offset)
