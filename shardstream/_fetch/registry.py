@@ -192,7 +192,9 @@ async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, star
                     chunk = await asyncio.wait_for(chunks.__anext__(), timeout)
                 except StopAsyncIteration:
                     break
-                except asyncio.TimeoutError:
+                except asyncio.TimeoutError as exc:
+                    if timeout is None or isinstance(exc, ShardStreamError):  # (a fetcher's own: a FetchTimeout is one)
+                        raise
                     raise FetchTimeout(f"no bytes from the fetcher registered for this scheme for {timeout:g} s "
                                        "(stall_timeout)", url=url, offset=offset) from None
                 offset += len(chunk)
