@@ -127,6 +127,28 @@ def test_memory_is_bounded_with_a_slow_consumer():
     it.close()
 
 
+def test_large_batches_wait_a_few_at_a_time_not_a_queue_of_chunks():
+    """Slow, large batches (of decoded images) go one per chunk, and a queue of 8 chunks held 8
+    of them: 1.8 GB with 154 MB batches where webdataset in the caller's thread holds ~3. The
+    queues hold `queue_bytes` (64 MiB) of them beyond one chunk."""
+    batches = []
+
+    def counted(src):
+        for batch in src:
+            time.sleep(0.01)  # (slow: a batch a chunk)
+            batches.append(len(batches))
+            yield batch
+
+    source = [{"__key__": str(i)} for i in range(96)]
+    ds = wds.DataPipeline(lambda: iter(source), wds.map(lambda s: {"x": bytes(4 << 20)}), wds.batched(8), counted)
+    it = iter(ds)
+    started = time.monotonic()
+    next(it)
+    time.sleep(1.0)
+    assert len(batches) <= 1 + 2 + 1 + 1, len(batches)  # the consumer's, 64 MiB queued, one over, one in hand
+    assert len(list(it)) == 12 - 1 and time.monotonic() - started < 10
+
+
 def test_stats_are_structured_and_name_the_bottleneck(shardset):
     def slow(sample):
         time.sleep(0.002)

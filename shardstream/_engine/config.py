@@ -41,6 +41,8 @@ class EngineConfig:
             when task times vary).
         max_inflight: pool tasks in flight per parallel stage; None: 2 x threads.
         queue_chunks: capacity of each queue between stages, in chunks of items.
+        queue_bytes: and in bytes of the items queued beyond one chunk (arrays, tensors, bytes,
+            strings, estimated from each chunk's first item): large batches wait a few at a time.
         max_chunk: most samples per pool task / queue chunk (chunks adapt below it).
         log_interval: seconds between periodic stats log lines (None: no log).
     """
@@ -50,11 +52,12 @@ class EngineConfig:
     ordered: bool = True
     max_inflight: Optional[int] = None
     queue_chunks: int = 8
+    queue_bytes: int = 64 << 20
     max_chunk: int = 32
     log_interval: Optional[float] = None
 
     def __post_init__(self) -> None:
-        for name in ("threads", "max_inflight", "queue_chunks", "max_chunk"):
+        for name in ("threads", "max_inflight", "queue_chunks", "queue_bytes", "max_chunk"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

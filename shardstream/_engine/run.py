@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
-from .channel import END, Channel, Failure, Stopped
+from .channel import END, Channel, Failure, Stopped, payload_bytes
 from .config import EngineConfig, available_cores
 from .pool import get_pool
 from .._base.counters import Counters
@@ -87,7 +87,8 @@ class _Run:
                 capacity = self.inflight
             else:
                 capacity = self.config.queue_chunks
-            out = Channel(f"after {segment.name}" if parallel is None else f"{parallel.name} tasks", capacity, self.stop)
+            out = Channel(f"after {segment.name}" if parallel is None else f"{parallel.name} tasks", capacity, self.stop,
+                          self.config.queue_bytes if parallel is None else None)
             self.channels.append(out)
             thread = threading.Thread(
                 target=self._stream_worker,
@@ -250,7 +251,7 @@ class _Run:
             return max(1, min(cap, int(_CHUNK_TARGET_S / per_item)))
 
         for chunk in self._chunks(source, stats, upstream, limit, where):
-            out.put(chunk)
+            out.put(chunk, payload_bytes(chunk[0]) * len(chunk))
 
     def _pump_tasks(self, source, out: Channel, stats: StageStats, upstream, stages, pstats: StageStats, where=None) -> None:
         submit, cap = self.pool.submit, self.config.max_chunk
