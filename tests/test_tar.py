@@ -656,3 +656,25 @@ def test_sparse_shards_read_through_the_loader_and_index(tmp_path):
         assert main(["index", "-q", str(path)]) == 0
         assert not (tmp_path / "shard.tar.dali.idx").exists() and (tmp_path / "shard.tar.idx").exists()
         (tmp_path / "shard.tar.idx").unlink()
+
+
+def test_a_large_member_in_chunks_is_joined_once_into_its_data():
+    """A 6 MiB member fed in 64 KiB chunks (an HTTP body): its data is one join of exactly its
+    bytes (a join of everything, then a slice of it, held a 1 GiB member three times over:
+    +2.9 GB peak RSS over HTTP, now +2.1, as webdataset)."""
+    payload = random.Random(3).randbytes((6 << 20) + 123)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        tar.addfile(_info("big.bin", len(payload)), io.BytesIO(payload))
+        tar.addfile(_info("next.txt", 2), io.BytesIO(b"hi"))
+    archive = out.getvalue()
+    reader = TarReader("big.tar")
+    got = [m for at in range(0, len(archive), 65536) for m in reader.feed(archive[at : at + 65536])]
+    got += reader.close()
+    assert [(m.name, m.data == payload if m.name == "big.bin" else m.data) for m in got] == [
+        ("big.bin", True), ("next.txt", b"hi")]
+    from shardstream._tar.reader import _Pieces
+
+    pieces = _Pieces.around([b"abc", b"defg", b"hij"], 2, 8)
+    assert pieces[2:8] is pieces._parts[1] and pieces[2:8] == b"cdefgh"
+    assert [pieces[a:b] for a, b in ((0, 10), (1, 3), (7, 10), (0, 0))] == [b"abcdefghij", b"bc", b"hij", b""]

@@ -44,6 +44,7 @@ EXTENSIONS = _EXTENSIONS  # (for a walk of headers elsewhere: the cache's)
 _DATALESS = frozenset(_SUPPORTED) - frozenset(_REGULAR) - frozenset(_EXTENSIONS)
 DATALESS = _DATALESS  # (for a walk of headers elsewhere: the cache's)
 _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
+_BIG_PAYLOAD = 4 << 20  # data this large that came in chunks is joined once, exactly (see _take)
 # After the end-of-archive block, a valid header this close means a damaged shard or concatenated
 # archives (tarfile would stop there quietly). Record padding (GNU tar: up to 10 KiB; `tar -b 256`:
 # 128 KiB) is zeros. A stream of unknown length is looked at this far; one whose length is known
@@ -291,9 +292,17 @@ class TarReader:
             self._queued += len(data)
             return []
         if pos < len(buf) or self._queue:
-            data = b"".join([buf[pos:], *self._queue, data])
+            pieces = [buf[pos:], *self._queue, data]
             self._queue.clear()
             self._queued = 0
+            if self._pending is not None and self._need_data - BLOCK >= _BIG_PAYLOAD:
+                # A large member's data came in chunks: joined once, exactly, it is the member's
+                # data itself (`_Pieces` hands it out whole); a join of everything and then a
+                # slice of the data held the member three times over.
+                data = _Pieces.around(pieces, BLOCK, self._need_data)  # type: ignore[assignment]
+            else:
+                data = b"".join(pieces)
+            del pieces
         self._base += pos
         self._buf, self._pos = data, 0
         return self._parse()
@@ -633,6 +642,54 @@ class TarReader:
             )
         self._need, self._need_data, self._stalled = stop - pos, data_end - pos, (member, offset)
         return pos
+
+
+class _Pieces:
+    """Bytes in a few pieces, sliced as one: a slice that is exactly a piece is that piece, not a
+    copy (the parser slices a member's data out of its buffer)."""
+
+    __slots__ = ("_parts", "_starts", "_len")
+
+    def __init__(self, parts: List[bytes]) -> None:
+        self._parts = parts
+        self._starts, at = [], 0
+        for part in parts:
+            self._starts.append(at)
+            at += len(part)
+        self._len = at
+
+    @classmethod
+    def around(cls, chunks: List[bytes], start: int, stop: int) -> "_Pieces":
+        """`chunks` as three pieces: the bytes before `start`, from `start` to `stop` (one join,
+        exactly), and after."""
+        before: List[bytes] = []
+        middle: List[bytes] = []
+        after: List[bytes] = []
+        at = 0
+        for chunk in chunks:
+            end = at + len(chunk)
+            if at < start:
+                before.append(chunk[: start - at])
+            if end > start and at < stop:
+                middle.append(chunk[max(0, start - at) : stop - at])
+            if end > stop:
+                after.append(chunk[max(0, stop - at) :])
+            at = end
+        return cls([b"".join(before), b"".join(middle), b"".join(after)])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: slice) -> bytes:
+        start, stop, _ = index.indices(self._len)
+        pieces = []
+        for part, at in zip(self._parts, self._starts):
+            end = at + len(part)
+            if at == start and end == stop:
+                return part
+            if end > start and at < stop:
+                pieces.append(part[max(0, start - at) : stop - at])
+        return b"".join(pieces)
 
 
 class _BytesView:
