@@ -98,6 +98,24 @@ def test_handlers_keep_their_meaning_on_the_engine(shardset):
     assert stopped == ["s0000", "s0001"]
 
 
+@pytest.mark.parametrize("engine", [{}, {"ordered": False}, {"enabled": False}])
+def test_a_map_that_raises_stopiteration_is_an_error_not_the_end_of_the_pass(shardset, engine):
+    """A function that calls next() on an exhausted iterator (a user's bug): the StopIteration
+    went up through the engine's __next__ as the end of the pass, losing the rest of the epoch
+    without an error. It is a RuntimeError, as a generator's is (PEP 479; webdataset's too)."""
+    first = None
+
+    def f(sample):
+        nonlocal first
+        first = first or sample["__key__"]
+        if sample["__key__"] != first:
+            next(iter([]))
+        return sample
+
+    with pytest.raises(RuntimeError, match="raised StopIteration"):
+        list(wds.WebDataset(shardset, shardshuffle=False).map(f).with_engine(**engine))
+
+
 def test_exception_in_a_stream_stage_reaches_the_consumer(shardset):
     def bad_stream(src):
         for i, x in enumerate(src):

@@ -96,6 +96,11 @@ def through(stages: Sequence[SampleStage], sample: Any, failed: Optional[Callabl
         try:
             item = stage.apply(item)
         except Exception as exn:
+            if isinstance(exn, StopIteration):  # (PEP 479's rule: it would end the pass quietly, samples lost)
+                try:
+                    raise RuntimeError(f"a function of stage {stage.name!r} raised StopIteration") from exn
+                except RuntimeError as error:
+                    exn = error
             note_stage(exn, stage.name, sample)
             if failed is not None:
                 failed()
