@@ -116,6 +116,35 @@ def test_a_map_that_raises_stopiteration_is_an_error_not_the_end_of_the_pass(sha
         list(wds.WebDataset(shardset, shardshuffle=False).map(f).with_engine(**engine))
 
 
+def _slowly(src):
+    for sample in src:
+        time.sleep(0.005)
+        yield sample
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["engine", "engine+map", "generators", "webloader"])
+def test_closing_an_iterator_from_another_thread_ends_the_loop(shardset, how):
+    """A watchdog thread closes the iterator the training loop waits on: the loop went on with a
+    whole new pass (its samples twice), or got the engine's private Stopped, or (WebLoader) the
+    close raised "generator already executing" and the loop went on."""
+    ds = wds.WebDataset(shardset, shardshuffle=False).compose(_slowly)
+    if how == "engine+map":
+        ds = ds.map(lambda s: s)
+    elif how == "generators":
+        ds = ds.with_engine(enabled=False)
+    if how == "webloader":
+        it = iter(wds.WebLoader(ds.to_tuple("__key__"), batch_size=None, num_workers=2))
+    else:
+        it = iter(ds.to_tuple("__key__"))
+    keys = [next(it)[0]]
+    closer = threading.Timer(0.2, it.close)
+    closer.start()
+    keys += [key for (key,) in it]
+    closer.join()
+    assert len(keys) == len(set(keys)) and len(keys) < len(list(wds.WebDataset(shardset, shardshuffle=False)))
+
+
 def test_exception_in_a_stream_stage_reaches_the_consumer(shardset):
     def bad_stream(src):
         for i, x in enumerate(src):

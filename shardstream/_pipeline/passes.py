@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Sequence
 
+from .._base.cancel import Stopped
 from .._base.errors import ShardStreamError, UsageError, mark_location
 from .._base.lazytorch import in_worker
 from .._engine.run import EngineIterator
@@ -57,6 +58,12 @@ class Tagged:
         return self.replace(pin_memory(self.item))
 
 
+def _close(iterator: Any) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
 class PipelineIterator:
     """Iterates `repetitions` passes of a pipeline, capped at `limit` items (with_epoch / repeat).
 
@@ -77,6 +84,7 @@ class PipelineIterator:
         self._count = 0  # items of the current pass
         self._delivered = 0
         self._current: Optional[Iterator[Any]] = None
+        self._closed = False  # (close() may come from another thread: no pass starts after it)
         self._last_stats: Optional[PipelineStats] = None
         self._track = track or seek is not None  # keep the resume position of each item
         self._position: Optional[List[Any]] = None
@@ -152,22 +160,32 @@ class PipelineIterator:
                 self.close()
                 raise StopIteration
             if self._current is None:
-                if self._passes >= self._repetitions:
+                if self._passes >= self._repetitions or self._closed:
                     raise StopIteration
                 seek, self._seek = self._seek, None
                 resumed, self._resumed = self._resumed, False
                 self._pipeline.begin_pass(self.pass_base + self._passes, resumed)
                 self._current = self._pipeline.iterator1(position=seek, track=self._track, resumed=resumed)
                 self._count = 1 if resumed else 0  # a resumed pass may have nothing left
+            current = self._current
             try:
-                item = next(self._current)
+                item = next(current)
+            except Stopped:
+                if self._closed:  # closed from another thread while this one waited for an item
+                    raise StopIteration from None
+                raise
             except StopIteration:
+                if self._closed:
+                    raise
                 empty = self._count == 0
                 self._end_pass()
                 self._passes += 1
                 if empty:
                     self._passes = self._repetitions
                 continue
+            if self._closed:  # (a generator that another thread's close() could not stop while it ran)
+                _close(current)
+                raise StopIteration
             self._count += 1
             self._delivered += 1
             if self._tag is not None and self._track:  # the item leaves the process: note it now
@@ -183,9 +201,11 @@ class PipelineIterator:
         if where is not None:
             self._position = where
         current, self._current = self._current, None
-        close = getattr(current, "close", None)
-        if close is not None:
-            close()  # first: stages finish their work (the cache's last commits) before the stats
+        try:
+            _close(current)  # first: stages finish their work (the cache's last commits) before the stats
+        except ValueError:  # "generator already executing": in the loop's thread, which closes it next
+            if not self._closed:
+                raise
         if isinstance(current, EngineIterator):
             self._last_stats = current.stats()
             self._pipeline.note_stats(self._last_stats)
@@ -197,9 +217,11 @@ class PipelineIterator:
         return self._last_stats
 
     def close(self) -> None:
-        """Stop the pass under way and release its threads and files."""
+        """Stop the pass under way and release its threads and files (from any thread: a loop
+        waiting for an item ends, with no new pass started)."""
+        self._closed = True
         if self._current is not None:
-            self._end_pass()
+            self._end_pass()  # (before the pass count moves: the position names this pass)
         self._passes = self._repetitions
         # The pipeline keeps the progress: state_dict() after the loop is left still has it.
         self._pipeline.note_progress((self.delivered, self.position, self.pass_base))
