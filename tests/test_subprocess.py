@@ -444,6 +444,42 @@ def test_the_helpers_warnings_are_issued_in_this_process(shardset):
             list(SubprocessLoader(skipping))
 
 
+def _identity(sample):
+    return sample
+
+
+@pytest.mark.timeout(120)
+def test_state_dict_from_a_checkpoint_thread_takes_nothing_from_the_loop(shardset):
+    """A thread calling state_dict() while the loop iterates read the pipe to wait for the
+    helper's start: it took an item (the loop lost a batch, the thread raised "expected the
+    helper's start, got 'item'"), or the two readers garbled the pipe and the loop hung."""
+    import threading
+
+    ds = wds.WebDataset(shardset, shardshuffle=False).map(_identity).to_tuple("__key__").batched(4)
+    expected = sum(len(batch[0]) for batch in ds)
+    for buffer in (1, 4):
+        errors, stop = [], threading.Event()
+
+        def checkpoint():
+            while not stop.is_set():
+                try:
+                    ds.state_dict()
+                except BaseException as exn:  # noqa: BLE001 - (what the thread saw is the finding)
+                    errors.append(exn)
+                    return
+                time.sleep(0.001)
+
+        it = iter(SubprocessLoader(ds, buffer=buffer))
+        thread = threading.Thread(target=checkpoint)
+        thread.start()
+        try:
+            got = sum(len(batch[0]) for batch in it)
+        finally:
+            stop.set()
+            thread.join()
+        assert got == expected and not errors, (buffer, got, errors)
+
+
 def test_killed_helper_is_an_error_not_a_hang(shardset):
     it = iter(SubprocessLoader(_arrays(shardset[4:5]), buffer=3))
     next(it)

@@ -23,6 +23,7 @@ import pickle
 import secrets
 import signal
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -283,6 +284,9 @@ class SubprocessIterator:
         self._report: Report = None
         self._started = pipeline is None
         self._done = False
+        # One thread reads the pipe at a time: a checkpoint thread's state_dict() (which waits for
+        # the helper's start) took an item the training loop then never got.
+        self._receiving = threading.Lock()
         self.pid = process.pid
         if pipeline is not None:
             # Until the helper reports: the progress a pass started here would have before its first item.
@@ -292,6 +296,10 @@ class SubprocessIterator:
         return self
 
     def __next__(self) -> Any:
+        with self._receiving:
+            return self._next()
+
+    def _next(self) -> Any:
         if self._done:
             raise StopIteration
         link = self._link
@@ -330,6 +338,12 @@ class SubprocessIterator:
 
     def _wait_started(self) -> Report:
         """The report before the first item: wait for the helper to have started its pass."""
+        if self._started or self._done:
+            return self._report
+        with self._receiving:
+            return self._start_report()
+
+    def _start_report(self) -> Report:
         while not self._started and not self._done:
             message = self._link.receive(self._timeout)
             if message[0] in _RELAYED:
