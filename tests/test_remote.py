@@ -348,6 +348,49 @@ def test_closing_a_pass_does_not_wait_for_a_silent_transfer(tmp_path, handler):
 
 
 @pytest.mark.timeout(60)
+def _same(sample):
+    return sample
+
+
+@pytest.mark.timeout(60)
+def test_an_iterator_collected_on_the_event_loop_thread_does_not_stall_it(tmp_path):
+    """An HTTP iterator abandoned in a reference cycle, collected by a gc pass that ran on the
+    fetchers' loop thread (aiohttp allocates there): its close joined a reader thread that waits
+    on that loop, freezing every transfer of the process for the join's 5 s timeout."""
+    import asyncio
+    import gc
+    import time
+
+    from shardstream._fetch.loop import get_loop
+
+    from shardserver import start_subprocess, stop_subprocess
+
+    for shard in range(4):
+        with wds.TarWriter(str(tmp_path / f"s-{shard}.tar")) as sink:
+            for i in range(50):
+                sink.write({"__key__": f"k{shard}_{i:03d}", "txt": f"caption {i}", "bin": os.urandom(4000)})
+    proc, base = start_subprocess(tmp_path, latency_ms=20, bandwidth=200e3)  # (its own process: not on our loop)
+    try:
+        urls = [f"{base}/s-{shard}.tar" for shard in range(4)]
+        gc.disable()
+        try:
+            it = iter(wds.WebDataset(urls, shardshuffle=False).map(_same).batched(4))
+            next(it)
+            cycle = {"it": it}
+            cycle["self"] = cycle
+            del it, cycle
+            loop = get_loop()
+            loop.call_soon_threadsafe(gc.collect)
+            time.sleep(0.1)
+            started = time.monotonic()
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(30)
+            assert time.monotonic() - started < 1.0
+        finally:
+            gc.enable()
+    finally:
+        stop_subprocess(proc)
+
+
 def test_the_verdict_blames_storage_when_the_reader_waits_for_bytes(shardset):
     """A pass over a slow server spends most of its time waiting for bytes that have not arrived:
     the stats count that wait, and the verdict names the storage, not the reader's CPU. Local files

@@ -8,10 +8,11 @@ event is set: closing a pass (a `break`, Ctrl-C) does not wait for a slow or sil
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
-__all__ = ["Stopped", "current_stop", "set_stop"]
+__all__ = ["Stopped", "current_stop", "finalize", "set_stop"]
 
 _local = threading.local()
 
@@ -29,3 +30,15 @@ def set_stop(event: Optional[threading.Event]) -> None:
 
 def current_stop() -> Optional[threading.Event]:
     return getattr(_local, "event", None)
+
+
+def finalize(close: Callable[[], None]) -> None:
+    """A finalizer's `close()`: now, or on a thread of its own when this thread runs an asyncio
+    event loop (a garbage collection that ran on the fetchers' loop thread): a close that joins
+    threads waiting on that loop stalled every transfer of the process until its join timed out."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        close()
+        return
+    threading.Thread(target=close, name="shardstream-finalize", daemon=True).start()

@@ -23,7 +23,7 @@ from .channel import END, Channel, Failure, Stopped, payload_bytes
 from .config import EngineConfig, available_cores
 from .pool import get_pool
 from .._base.counters import Counters
-from .._base.cancel import set_stop
+from .._base.cancel import finalize, set_stop
 from .._base.errors import note_stage
 from .segments import STOP, Segment, run_task, split_segments, tracked
 from .stats import PipelineStats, StageStats
@@ -427,6 +427,6 @@ class EngineIterator:
 
     def __del__(self) -> None:
         try:
-            self._run.close()
+            finalize(self._run.close)
         except Exception:  # interpreter shutdown
             pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Sequence
 
-from .._base.cancel import Stopped
+from .._base.cancel import Stopped, finalize
 from .._base.errors import ShardStreamError, UsageError, mark_location
 from .._base.lazytorch import in_worker
 from .._engine.run import EngineIterator
@@ -228,6 +228,6 @@ class PipelineIterator:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            finalize(self.close)
         except Exception:  # interpreter shutdown
             pass
