@@ -195,6 +195,9 @@ def test_bench_refuses_an_unknown_decode_spec_and_honours_limit_zero(shardset, c
     assert "--decode 'bogus'" in capsys.readouterr().err
     assert main(["bench", shardset[0], "--limit", "0", "--json", "-q"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["samples"] == 0
+    first = len(list(webdataset.WebDataset(shardset[0], shardshuffle=False)))
+    assert main(["bench", "::".join(shardset[:3]), "--limit", str(first), "-q"]) == 0
+    assert f"{first} samples from 1 of 3 shards" in capsys.readouterr().out  # (it said "from 3 shards")
 
 
 def test_option_mistakes_exit_2(shardset, tmp_path, capsys):

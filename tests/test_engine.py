@@ -419,3 +419,27 @@ def test_with_epoch_restarts_passes_on_the_engine(shardset):
     first = keys(ds)
     assert len(first) == 150
     assert keys(ds) == first
+
+
+def test_the_source_counts_samples_of_shards_left_or_broken_part_way(tmp_path):
+    """stats.source["samples"] was added when a shard ended cleanly: 0 after leaving a shard
+    part way (mid-pass too, while the shard was read), and a broken shard's samples, delivered
+    under warn_and_continue, were not counted."""
+    for name in ("a", "b"):
+        with wds.TarWriter(str(tmp_path / f"{name}.tar")) as sink:
+            for i in range(200):
+                sink.write({"__key__": f"{name}{i:03d}", "txt": "x" * 100})
+    it = iter(wds.WebDataset(str(tmp_path / "a.tar"), shardshuffle=False))
+    for _ in range(100):
+        next(it)
+    assert 100 <= it.stats().source["samples"] <= 200 and it.stats().source["shards"] == 0
+    it.close()
+    raw = (tmp_path / "b.tar").read_bytes()
+    (tmp_path / "b.tar").write_bytes(raw[: len(raw) // 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        it = iter(wds.WebDataset([str(tmp_path / "a.tar"), str(tmp_path / "b.tar")], shardshuffle=False,
+                                 handler=wds.warn_and_continue))
+        delivered = sum(1 for _ in it)
+    source = it.stats().source
+    assert source["samples"] == delivered > 200 and source["shards"] == 1 and source["errors"] == 1

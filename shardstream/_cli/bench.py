@@ -30,12 +30,16 @@ def cmd_bench(args) -> int:
     total = sum(known) if None not in known else None  # type: ignore[arg-type]
     if args.limit is not None:
         total = args.limit if total is None else min(total, args.limit)
-    count = 0
+    count = shards = 0
+    last_url = None
     started = time.perf_counter()
     iterator = iter(dataset)
     with bar(total, "shardstream bench", "sample", args.quiet) as progress:
-        for _sample in iterator if args.limit != 0 else ():
+        for sample in iterator if args.limit != 0 else ():
             count += 1
+            url = sample.get("__url__") if isinstance(sample, dict) else None
+            if url != last_url:  # (the shards this run read from, with --limit fewer than the spec's)
+                shards, last_url = shards + 1, url
             if not count & 63:
                 progress.update(64)
             if args.limit is not None and count >= args.limit:
@@ -51,7 +55,8 @@ def cmd_bench(args) -> int:
             report["stats"] = stats.as_dict()
         say(json.dumps(report, default=str))
         return 0
-    say(f"{count} samples from {len(urls)} shards in {wall:.2f} s: {count / wall if wall else 0:.0f} samples/s"
+    read = f"{shards} of {len(urls)}" if shards != len(urls) else f"{len(urls)}"
+    say(f"{count} samples from {read} shards in {wall:.2f} s: {count / wall if wall else 0:.0f} samples/s"
         f"{' (decode ' + args.decode + ')' if args.decode else ''}")
     if stats is not None:
         say(stats.format())

@@ -449,14 +449,17 @@ class TarShardSamples(PipelineStage):
                     start += resume_sample
                     offset = resume_offset
                 cursor.start(index, start - shard_range(item)[0])
-                count = 0
+                count = told = 0  # samples handed out of this shard; of them, counted in the stats
                 try:
                     counted = item.get("counted") if isinstance(item, dict) else None
                     ends_shard = counted is not None and stop == counted and self._counts_samples()
                     for sample in self._shard(url, local_path, start, stop, ready, cursor, offset, ends_shard):
                         count += 1
-                        if not count & 31 and ahead:
-                            fill()
+                        if not count & 31:  # (the stats count as the pass goes, 32 at a time)
+                            self.source_stats.add(samples=count - told)
+                            told = count
+                            if ahead:
+                                fill()
                         yield sample
                     if stop is not None and start + count < stop and self._counts_samples():
                         raise FormatError(
@@ -477,8 +480,9 @@ class TarShardSamples(PipelineStage):
                                 url=url,
                             ) from safe_cause(exn)
                 else:
-                    self.source_stats.add(shards=1, samples=count)
+                    self.source_stats.add(shards=1)
                 finally:
+                    self.source_stats.add(samples=count - told)  # (a shard left or failed part way too)
                     self._drop_ahead(url, ready)
                 if count:
                     failing.clear()
