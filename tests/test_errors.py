@@ -88,3 +88,29 @@ def test_a_cause_that_holds_a_secret_is_chained_redacted():
             raise RuntimeError("no")
 
     assert "could not be shown" in str(safe_cause(Broken()))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_decoding_error_names_the_members_byte_offset(tmp_path, workers):
+    """Errors name URL, member and offset; a DecodingError named no offset (the sample does not
+    carry its members' places). It is looked up when the error is made (a local uncompressed
+    shard's headers), also for one rebuilt from a DataLoader worker."""
+    import io
+    import tarfile
+
+    import shardstream as wds
+
+    path = tmp_path / "bad.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(3):
+            for ext, data in (("cls", b"1"), ("JPG", b"not an image")):
+                info = tarfile.TarInfo(f"s{i}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(path) as tar:
+        where = {m.name: m.offset for m in tar}
+    dataset = wds.WebDataset(str(path), shardshuffle=False).decode("rgb8")
+    with pytest.raises(wds.DecodingError) as info:
+        list(wds.WebLoader(dataset, batch_size=None, num_workers=workers))
+    assert info.value.member == "s0.jpg" and info.value.offset == where["s0.JPG"] == 1024
+    assert "offset=1024" in str(info.value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
 from .redact import redact, redact_url, url_secrets
 
@@ -26,8 +26,10 @@ __all__ = [
     "UsageError",
     "RedactedCause",
     "describe",
+    "locate_member",
     "notes_state",
     "redact_url",
+    "set_member_locator",
     "mark_location",
     "safe_cause",
     "worker_where",
@@ -218,6 +220,25 @@ def safe_cause(exn: Optional[BaseException], depth: int = 0, *, url: Optional[st
     stand_in.__traceback__ = exn.__traceback__
     stand_in.__cause__ = safe_below
     return stand_in
+
+
+_member_locator: Optional[Callable[[str, str], Optional[int]]] = None
+
+
+def set_member_locator(locate: Callable[[str, str], Optional[int]]) -> None:
+    """Who finds a member's offset in a shard when an error needs it (the shard reader's layer
+    sets it: errors are raised by layers that know the sample, not the tar)."""
+    global _member_locator
+    _member_locator = locate
+
+
+def locate_member(url: Optional[str], member: Optional[str]) -> Optional[int]:
+    """The byte offset of `member` ("key.field") in the shard at `url`, where it is cheap to find
+    (a local uncompressed shard); else None."""
+    locate = _member_locator
+    if locate is None or url is None or member is None:
+        return None
+    return locate(url, member)
 
 
 NOTE_PREFIX = "shardstream: "  # our notes on third-party errors (describe() shows them)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tup
 
 from .audio import AudioHandler
 from .basic import basichandlers, pickle_setting
-from .._base.errors import ShardStreamError, UsageError, notes_state, worker_where
+from .._base.errors import ShardStreamError, UsageError, locate_member, notes_state, worker_where
 from .fusedimage import FusedImageHandler
 from .image import (
     IMAGE_EXTENSIONS,
@@ -156,8 +156,9 @@ class DecodingError(ShardStreamError):
         if where is None:
             message = f"cannot decode field {k!r} of sample {key!r}"
             message = message if reason is None else f"{message}: {reason}"
-        super().__init__(message, url=None if url is None else str(url), member=member,
-                         offset=None if where is None else where.get("offset"))
+        url = None if url is None else str(url)
+        super().__init__(message, url=url, member=member,
+                         offset=locate_member(url, member) if where is None else where.get("offset"))
 
     def __reduce__(self):  # the sample can be large or unpicklable: leave it behind
         return (DecodingError, (self.url, self.key, self.k, None, self.reason), notes_state(self))

@@ -494,3 +494,6 @@ class TarShardSamples(PipelineStage):
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
         return self.run(src)
+
+
+from . import locate as _locate  # noqa: E402,F401  (registers the member locator that errors ask)
