@@ -678,3 +678,33 @@ def test_a_large_member_in_chunks_is_joined_once_into_its_data():
     pieces = _Pieces.around([b"abc", b"defg", b"hij"], 2, 8)
     assert pieces[2:8] is pieces._parts[1] and pieces[2:8] == b"cdefgh"
     assert [pieces[a:b] for a, b in ((0, 10), (1, 3), (7, 10), (0, 0))] == [b"abcdefghij", b"bc", b"hij", b""]
+
+
+@pytest.mark.timeout(30)
+def test_a_large_gzip_member_after_the_archive_is_ignored_not_spun_on():
+    """`gzip(tar) + gzip(16 MiB of zeros)`: the trailing member's full step left 'more output'
+    set while nothing more was wanted, and the reader spun for ever at 100% CPU."""
+    from shardstream._shard.members import iter_members
+
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(3):
+            tar.addfile(_info(f"s{i}.txt", 100), io.BytesIO(b"x" * 100))
+    data = gzip.compress(plain.getvalue()) + gzip.compress(bytes(16 << 20))
+    assert [m.name for m in iter_members([data], "x.tar.gz")] == ["s0.txt", "s1.txt", "s2.txt"]
+
+
+def test_close_hands_out_what_waits_before_an_error_behind_it():
+    """A caller of TarReader that feeds, then closes, without asking for the backlog: close hands
+    it out; a truncated stream's error behind it comes with the next call, not in its place."""
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(4):
+            tar.addfile(_info(f"s{i}.bin", 6 << 20), io.BytesIO(bytes(6 << 20)))
+    cut = gzip.compress(plain.getvalue())[:-20]
+    reader = TarReader("x.tar.gz")
+    got = [m.name for at in range(0, len(cut), 1 << 20) for m in reader.feed(cut[at : at + (1 << 20)])]
+    got += [m.name for m in reader.close()]
+    assert got == ["s0.bin", "s1.bin", "s2.bin"]
+    with pytest.raises(FormatError, match="truncated gzip"):
+        reader.close()

@@ -79,6 +79,7 @@ class _Inflater:
         if self._rest:
             data, self._rest = self._rest + data, b""
         if (not data and not self._more) or self.error is not None or (self._in_tail and self.last_member):
+            self._more = False  # (nothing more wanted: a member after the archive's end is ignored)
             return b""
         if self._decompressor.eof:
             if self.last_member:

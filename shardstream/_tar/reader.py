@@ -41,7 +41,7 @@ _EXTENSIONS = (b"L", b"K", b"x", b"X", b"g")  # headers that describe the next m
 EXTENSIONS = _EXTENSIONS  # (for a walk of headers elsewhere: the cache's)
 # Every other type has data after its header (padded to blocks): regular files, extensions and
 # types tarfile does not know.
-_DATALESS = frozenset(_SUPPORTED) - frozenset(_REGULAR) - frozenset(_EXTENSIONS)
+_DATALESS = frozenset(_SUPPORTED) - frozenset(_REGULAR) - frozenset(_EXTENSIONS) - {b"S"}  # (GNU sparse: stored data)
 DATALESS = _DATALESS  # (for a walk of headers elsewhere: the cache's)
 _BIG = 1 << 16  # payloads this large go through feed_view's read_range (GIL-free copies)
 _BIG_PAYLOAD = 4 << 20  # data this large that came in chunks is joined once, exactly (see _take)
@@ -67,7 +67,7 @@ def header_span(hdr: bytes) -> Optional[int]:
         size = number_field(hdr[124:136])
     except ValueError:
         return None
-    if size < 0:
+    if size < 0 or (hdr[156:157] == b"S" and hdr[482]):  # (a sparse map in blocks after it: not for a walk)
         return None
     return BLOCK + (0 if hdr[156:157] in _DATALESS else (size + 511) & -512)
 
@@ -232,6 +232,8 @@ class TarReader:
                 break
             if produced >= OUT_STEP:  # the rest waits (`backlog`): memory is bounded by a step, not a chunk
                 break
+            if not out and not data and self._finished:  # (no progress possible: nothing more is wanted)
+                break
             data = b""
         if inflater.error is not None and self._error is None:
             # Members that decompressed before the corruption are still handed out (like any
@@ -319,10 +321,16 @@ class TarReader:
         if not self._fed:
             raise self._fail("empty file", offset=0)
         drained: List[TarMember] = []
-        while self.backlog:  # (a caller that did not ask for the rest of its last chunk)
-            drained += self.feed(b"")
-        if drained:
-            return drained + (self.close() if self._error is None else [])
+        try:
+            while self.backlog:  # (a caller that did not ask for the rest of its last chunk)
+                drained += self.feed(b"")
+            if drained and self._error is None:
+                drained += self.close()
+        except FormatError:
+            if not drained:
+                raise
+        if drained:  # (an error behind them is raised by the next call)
+            return drained
         member, offset = self._stalled or (None, self.offset)
         if self._inflater is not None:
             try:
