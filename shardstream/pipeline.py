@@ -169,8 +169,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         """Check `state` (a state of `kind`, "dataset" or "loader", describing `described`), pick
         this rank's part or rebuild one for this layout (elastic), and make the next iteration
         continue it; warn when unseeded stages make the resume inexact. Returns the state loaded."""
-        own, history = choose_state(check_state(state, described, kind, self.state_settings()),
-                                    self.layout(num_workers))
+        layout = self.layout(num_workers)
+        own, history = choose_state(check_state(state, described, kind, self.state_settings(), layout), layout)
         chosen = own if own is not None else self._elastic(history)
         self._load(chosen)
         self._warn_inexact()

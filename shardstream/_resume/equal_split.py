@@ -268,10 +268,11 @@ class EqualSplit(PipelineStage):
             else:
                 plan = _pieces(scheduler.plan(epoch, rank, world, worker, workers))
                 # Shards counted empty are in nobody's plan: one worker of one rank looks that they
-                # are (a stale count of 0 would lose their samples unseen).
+                # are, at its end (a stale count of 0 would lose their samples unseen).
                 empty = [i for i, count in enumerate(counts) if count == 0]
                 slot, slots = rank * workers + worker, world * workers
-                plan = [Slice(urls[i], 0, 0, i) for n, i in enumerate(empty) if n % slots == slot] + plan
+                # (after the plan: a saved position's slice index counts the plan's slices alone)
+                plan = plan + [Slice(urls[i], 0, 0, i) for n, i in enumerate(empty) if n % slots == slot]
         for piece in plan:
             # (a piece that ends where the count says the shard does: the reader checks it ends there)
             counted = None if counts is None else counts[piece.shard_index]

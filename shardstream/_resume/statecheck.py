@@ -110,7 +110,12 @@ def _check_fields(state: Mapping[str, Any], kind: str) -> None:
         raise UsageError(f"saved state field 'epoch' must be None or an int >= 0, got {epoch!r}")
 
 
-def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+# Pipeline settings that follow the layout: OpenCLIP's with_epoch length is per DataLoader worker,
+# ceil(N / (batch x world x workers)); a state resumed on another layout (elastic) has another.
+_PER_WORKER = ("nsamples",)
+
+
+def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any], same_layout: bool = True) -> None:
     if saved.get("shards") != expected["shards"]:
         raise UsageError(
             f"the saved state is of another dataset: it was saved over shards {saved.get('shards')}, "
@@ -123,7 +128,12 @@ def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any]) ->
         )
     if "settings" not in saved or saved["settings"] == expected["settings"]:
         return
-    was, now = saved["settings"] or {}, expected["settings"]
+    was, now = dict(saved["settings"] or {}), dict(expected["settings"])
+    if not same_layout:
+        was["pipeline"] = {k: v for k, v in (was.get("pipeline") or {}).items() if k not in _PER_WORKER}
+        now["pipeline"] = {k: v for k, v in now["pipeline"].items() if k not in _PER_WORKER}
+        if was == now:
+            return
     if was.get("pipeline") != now["pipeline"]:
         differs = f"the pipeline's {was.get('pipeline')} then, {now['pipeline']} now"
     else:
@@ -134,9 +144,11 @@ def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any]) ->
 
 
 def check_state(state: Any, stages: Sequence[Any], kind: str,
-                settings: Optional[Mapping[str, Any]] = None) -> List[Dict[str, Any]]:
+                settings: Optional[Mapping[str, Any]] = None, layout: Optional[Mapping[str, Any]] = None,
+                ) -> List[Dict[str, Any]]:
     """The saved states in `state` (one, or every rank's list), checked against a pipeline of
-    `stages` and `settings` (see `fingerprint`); `kind` is "dataset" or "loader". Raises
+    `stages` and `settings` (see `fingerprint`), running on `layout` (settings that follow the
+    layout are checked only on the same one); `kind` is "dataset" or "loader". Raises
     UsageError saying what is wrong."""
     if isinstance(state, Mapping):
         states = [state]
@@ -156,5 +168,7 @@ def check_state(state: Any, stages: Sequence[Any], kind: str,
                              f"this one reads formats up to {STATE_FORMAT}: upgrade shardstream")
         _check_fields(saved, kind)
         if version >= 2:
-            _check_fingerprint(saved.get("fingerprint") or {}, expected)
+            was = saved.get("layout") or {}
+            same = layout is None or all(was.get(k) == layout.get(k) for k in ("world_size", "num_workers"))
+            _check_fingerprint(saved.get("fingerprint") or {}, expected, same)
     return [dict(s) for s in states]
