@@ -236,7 +236,8 @@ class WebDataset(DataPipeline, FluidInterface):
 
     def state_settings(self) -> Dict[str, Any]:
         """The pipeline's settings (see DataPipeline) and the seed, where the user chose one."""
-        chosen = {"seed": self.sample_seed} if self.sample_seed is not None else {}
+        # (as text: WDS_SEED=3 from the environment and seed=3 in code are one seed)
+        chosen = {"seed": str(self.sample_seed)} if self.sample_seed is not None else {}
         return {**super().state_settings(), **chosen}
 
     def _append_shard_source(

@@ -450,3 +450,12 @@ def test_a_huge_claimed_size_over_http_fails_at_its_header(server):
             assert error.member == "s0.bin" and peak < 12 << 20, peak
     finally:
         os.remove(path)
+
+
+def test_a_seed_from_wds_seed_and_the_same_seed_in_code_are_one_setting(two_datasets, monkeypatch):
+    """WDS_SEED=3 arrives as text: a state saved under it was refused by seed=3."""
+    first, _ = two_datasets
+    monkeypatch.setenv("WDS_SEED", "3")
+    state = _saved(lambda: wds.WebDataset(first, shardshuffle=10).shuffle(5).to_tuple("__key__"))
+    monkeypatch.delenv("WDS_SEED")
+    wds.WebDataset(first, shardshuffle=10, seed=3).shuffle(5).to_tuple("__key__").load_state_dict(state)

@@ -168,6 +168,8 @@ class PipelineIterator:
                 self._current = self._pipeline.iterator1(position=seek, track=self._track, resumed=resumed)
                 self._count = 1 if resumed else 0  # a resumed pass may have nothing left
             current = self._current
+            if current is None:  # (closed by another thread since the check above)
+                raise StopIteration
             try:
                 item = next(current)
             except Stopped:

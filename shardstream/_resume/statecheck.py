@@ -52,9 +52,9 @@ def _shards(source: Any) -> Dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """`value` as JSON gives it back (tuples as lists; anything else JSON cannot hold as its repr),
-    so that a state compares alike before and after a JSON round trip."""
-    return json.loads(json.dumps(value, default=repr))
+    """`value` as JSON gives it back (tuples as lists, numpy integers as ints, anything else JSON
+    cannot hold as its repr), so that a state compares alike before and after a JSON round trip."""
+    return json.loads(json.dumps(value, default=lambda v: v.__index__() if hasattr(v, "__index__") else repr(v)))
 
 
 def _settings(stage: Any) -> Optional[Dict[str, Any]]:
@@ -64,7 +64,7 @@ def _settings(stage: Any) -> Optional[Dict[str, Any]]:
     if callable(own):
         return own() or None
     kw = getattr(stage, "kw", None) or {}
-    chosen = {k: v for k, v in kw.items() if k in ("seed", "rng") and isinstance(v, int) and not isinstance(v, bool)}
+    chosen = {k: v for k, v in kw.items() if k in ("seed", "rng") and hasattr(v, "__index__") and not isinstance(v, bool)}
     return chosen or None
 
 

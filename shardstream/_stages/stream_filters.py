@@ -99,7 +99,7 @@ class detshuffle(PipelineStage):
 
     def state_settings(self) -> Dict[str, Any]:
         """In a saved state's fingerprint: another buffer or seed gives another order."""
-        return {"bufsize": self.bufsize, "initial": self.initial, **({"seed": self.seed} if self.seed_chosen else {})}
+        return {"bufsize": self.bufsize, "initial": self.initial, **({"seed": str(self.seed)} if self.seed_chosen else {})}
 
     def run(self, src):
         self.epoch += 1
@@ -225,7 +225,7 @@ class SeededShuffle(_EpochShuffle):
 
     def state_settings(self) -> Dict[str, Any]:
         """In a saved state's fingerprint: another buffer or seed gives another order."""
-        return {"bufsize": self.bufsize, "initial": self.initial, "seed": self.seed}
+        return {"bufsize": self.bufsize, "initial": self.initial, "seed": str(self.seed)}  # (WDS_SEED is text)
 
     def _rng(self, epoch: int) -> random.Random:
         rank, _world, worker, _workers = pytorch_worker_info()

@@ -80,13 +80,17 @@ def map_1_0(data: bytes) -> Tuple[Regions, int]:
 
 
 def expand(stored: bytes, regions: Regions, real_size: int) -> bytes:
-    """The member's real bytes: each region's stored bytes at its offset, zeros elsewhere."""
-    out = bytearray(real_size)
-    at = 0
-    for offset, numbytes in regions:
-        if offset < 0 or numbytes < 0 or offset + numbytes > real_size or at + numbytes > len(stored):
-            raise ValueError(f"GNU sparse region ({offset}, {numbytes}) past the member's {real_size} bytes "
-                             f"or its {len(stored)} stored ones")
-        out[offset : offset + numbytes] = stored[at : at + numbytes]
-        at += numbytes
-    return bytes(out)
+    """The member's real bytes: each region's stored bytes at its offset, zeros elsewhere (one
+    join: the member once, not a bytearray and its copy)."""
+    pieces: List[bytes] = []
+    at = end = 0
+    for offset, numbytes in regions:  # (in the order their bytes are stored: rising, as GNU tar writes them)
+        if numbytes == 0 and offset >= 0:
+            continue  # (an unused entry of the old header's four)
+        if offset < end or numbytes < 0 or offset + numbytes > real_size or at + numbytes > len(stored):
+            raise ValueError(f"GNU sparse region ({offset}, {numbytes}) past the member's {real_size} bytes, "
+                             f"its {len(stored)} stored ones, or over the region before it")
+        pieces += [bytes(offset - end), stored[at : at + numbytes]]
+        at, end = at + numbytes, offset + numbytes
+    pieces.append(bytes(real_size - end))
+    return b"".join(pieces)
