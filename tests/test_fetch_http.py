@@ -518,6 +518,31 @@ def test_a_registered_fetcher_that_falls_silent_is_held_to_the_stall_timeout():
         register_fetcher("silent", previous)
 
 
+def test_a_registered_fetcher_runs_in_one_task_and_keeps_its_own_timeouts():
+    """The stall guard ran each step of a user's fetcher in a task of its own (a scope that spans
+    its yields broke), and took a TimeoutError of its own for a 30 s stall."""
+    tasks = set()
+
+    async def steady(url, *, options, start=0):
+        for i in range(8):
+            tasks.add(asyncio.current_task())
+            yield bytes([i]) * 10
+
+    async def own_timeout(url, *, options, start=0):
+        yield b"x" * 10
+        raise asyncio.TimeoutError("the backend's own read timeout")
+
+    previous = [register_fetcher("steady", steady), register_fetcher("owntimeout", own_timeout)]
+    try:
+        assert len(fetch_all("steady://b/a.tar")[0]) == 80 and len(tasks) == 1
+        with pytest.raises(FetchError, match="backend's own read timeout") as info:
+            fetch_all("owntimeout://b/a.tar")
+        assert not isinstance(info.value, FetchTimeout) and info.value.offset == 10
+    finally:
+        register_fetcher("steady", previous[0])
+        register_fetcher("owntimeout", previous[1])
+
+
 def test_an_opener_whose_command_is_missing_is_a_usage_error_not_a_missing_shard(monkeypatch):
     """`ais://` goes to the `ais` command (webdataset's gopen_schemes); without it installed,
     Popen's FileNotFoundError read as "shard not found", which handlers skip: every shard of a

@@ -183,20 +183,12 @@ async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, star
     offset = start
     # A fetcher of the user's (register_fetcher) is held to stall_timeout here: ours keep it
     # themselves, with retries; one that falls silent hung the pass for ever.
-    timeout = options.stall_timeout if callable(_entry_for(url)) else None
     try:
         chunks = _chunks_for(url, options, start)
+        if callable(_entry_for(url)):  # a fetcher of the user's: held to stall_timeout here (ours keep it)
+            chunks = _held_to(chunks, options.stall_timeout, url, start)
         try:
-            while True:
-                try:
-                    chunk = await asyncio.wait_for(chunks.__anext__(), timeout)
-                except StopAsyncIteration:
-                    break
-                except asyncio.TimeoutError as exc:
-                    if timeout is None or isinstance(exc, ShardStreamError):  # (a fetcher's own: a FetchTimeout is one)
-                        raise
-                    raise FetchTimeout(f"no bytes from the fetcher registered for this scheme for {timeout:g} s "
-                                       "(stall_timeout)", url=url, offset=offset) from None
+            async for chunk in chunks:
                 offset += len(chunk)
                 note_fetch(bytes=len(chunk))
                 yield chunk
@@ -208,6 +200,45 @@ async def fetch_stream(url: str, *, options: Optional[FetchOptions] = None, star
     except Exception as exc:  # a third-party fetcher's own error: keep the tree's promise
         note_fetch(failures=1)
         raise FetchError(f"fetch failed: {type(exc).__name__}: {exc}", url=url, offset=offset) from safe_cause(exc)
+
+
+_DONE = object()
+
+
+async def _held_to(chunks: AsyncGenerator[bytes, None], timeout: float, url: str, start: int) -> AsyncGenerator[bytes, None]:
+    """A user's fetcher, failed as a FetchTimeout when it yields nothing for `timeout` seconds
+    (one that fell silent hung the pass for ever). It runs in one task of its own, a chunk ahead,
+    as an `async for` would run it: a scope of its own that spans its yields (`asyncio.timeout`,
+    a session's) keeps working, and a TimeoutError of its own stays its own."""
+    handoff: "asyncio.Queue[Any]" = asyncio.Queue(maxsize=1)
+
+    async def drive() -> None:
+        try:
+            async for chunk in chunks:
+                await handoff.put(chunk)
+            await handoff.put(_DONE)
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, raised there
+            await handoff.put(exc)
+
+    task = asyncio.get_running_loop().create_task(drive())
+    offset = start
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(handoff.get(), timeout)
+            except asyncio.TimeoutError:
+                raise FetchTimeout(f"no bytes from the fetcher registered for this scheme for {timeout:g} s "
+                                   "(stall_timeout)", url=url, offset=offset) from None
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            offset += len(item)
+            yield item
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # (ours cancelled; the caller's own cancel goes on)
+        await chunks.aclose()
 
 
 class _BlockingReader:
