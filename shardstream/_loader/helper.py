@@ -60,6 +60,7 @@ class HelperOptions:
     preload: Tuple[str, ...] = ()
     recycle: bool = True
     log_level: int = logging.WARNING  # the parent's root level: the records it would handle come over
+    warning_filters: Tuple[Any, ...] = ()  # the parent's: the warnings it would show come over, once each
 
 
 # A log record's fields that travel to the parent (the message formatted, its exception as text).
@@ -184,7 +185,11 @@ class _Helper:
         root = logging.getLogger()
         root.addHandler(_ForwardLogs(self._send))
         root.setLevel(self.options.log_level)
-        warnings.simplefilter("always")  # (the parent's filters decide, the parent's registry dedups)
+        # The parent's filters here too: a warning it would show once comes over once (per
+        # place: the parent's registry then dedups), one it ignores not at all, one it makes an
+        # error is an error in the pipeline, as in one process.
+        warnings.filters[:] = list(self.options.warning_filters)  # type: ignore[index]
+        getattr(warnings, "_filters_mutated", lambda: None)()  # (the registries see the new filters)
         warnings.showwarning = _ForwardWarnings(self._send)
         try:
             source = _rebuild(recipe)

@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .._engine.config import engine_defaults
 from .._decode.basic import pickle_allowed
@@ -270,6 +270,7 @@ class SubprocessIterator:
             prefix=prefix, buffer=loader.buffer, parent_pid=os.getpid(), environ=environ,
             engine=engine_defaults(), allow_pipe=pipe_allowed(), allow_pickle=pickle_allowed(), preload=preload,
             recycle=loader.recycle and recycling(), log_level=logging.getLogger().getEffectiveLevel(),
+            warning_filters=_picklable_filters(),
         )
         ctx = _context(loader.context)
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -393,6 +394,19 @@ def _log(fields: Dict[str, Any]) -> None:
     logger = logging.getLogger(record.name)
     if logger.isEnabledFor(record.levelno):
         logger.handle(record)
+
+
+def _picklable_filters() -> Tuple[Any, ...]:
+    """This process's warning filters, as the helper can take them (a filter that does not
+    pickle, a category defined in __main__, is left out)."""
+    kept = []
+    for entry in warnings.filters:
+        try:
+            pickle.dumps(entry)
+        except Exception:  # noqa: BLE001
+            continue
+        kept.append(entry)
+    return tuple(kept)
 
 
 _warned: Dict[Any, Any] = {}  # the helpers' warnings' registry: "default" shows each place's once
