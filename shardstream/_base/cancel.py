@@ -8,11 +8,10 @@ event is set: closing a pass (a `break`, Ctrl-C) does not wait for a slow or sil
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from typing import Callable, Optional
 
-__all__ = ["Stopped", "current_stop", "finalize", "set_stop"]
+__all__ = ["Stopped", "current_stop", "finalize", "runs_fetch_loop", "set_stop"]
 
 _local = threading.local()
 
@@ -32,13 +31,19 @@ def current_stop() -> Optional[threading.Event]:
     return getattr(_local, "event", None)
 
 
+_loop_threads: "set[int]" = set()  # threads that run the fetchers' event loops (see finalize)
+
+
+def runs_fetch_loop() -> None:
+    """Say that this thread runs an event loop that other threads' closes wait on."""
+    _loop_threads.add(threading.get_ident())
+
+
 def finalize(close: Callable[[], None]) -> None:
-    """A finalizer's `close()`: now, or on a thread of its own when this thread runs an asyncio
-    event loop (a garbage collection that ran on the fetchers' loop thread): a close that joins
-    threads waiting on that loop stalled every transfer of the process until its join timed out."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    """A finalizer's `close()`: now, or on a thread of its own when this thread runs the fetchers'
+    event loop (a garbage collection that ran there): a close that joins threads waiting on that
+    loop stalled every transfer of the process until its join timed out."""
+    if threading.get_ident() not in _loop_threads:
         close()
         return
     threading.Thread(target=close, name="shardstream-finalize", daemon=True).start()

@@ -22,6 +22,8 @@ import os
 import threading
 from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional, TypeVar
 
+from .._base.cancel import runs_fetch_loop
+
 __all__ = ["add_shutdown_hook", "close_session", "get_loop", "get_session", "run_coroutine", "shutdown_loop"]
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class _LoopThread:
         self.thread.start()
 
     def _run(self) -> None:
+        runs_fetch_loop()  # (a finalizer that would block this thread closes elsewhere)
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
