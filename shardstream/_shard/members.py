@@ -180,8 +180,12 @@ def mapped_member_batches(
             check(view, stop)
         else:
             _not_shrunk(fd, stop, size, url)
-        rest = view[pos:stop].tobytes() if pos < stop else b""
-        yield reader.feed(rest) + _closed(reader, url)
+        if reader.finished:  # (the tail scanned in place, not copied whole first)
+            reader.feed_view(view[pos:stop])
+            yield _closed(reader, url)
+        else:
+            rest = view[pos:stop].tobytes() if pos < stop else b""
+            yield reader.feed(rest) + _closed(reader, url)
         reader.close()  # (raises an error kept back behind the last member)
     except ShardStreamError as exn:
         if reader is not None:

@@ -52,6 +52,7 @@ _BIG_PAYLOAD = 4 << 20  # data this large that came in chunks is joined once, ex
 # damaged shard) must not hide the samples after it.
 TAIL_SCAN = 64 << 10
 TAIL_LIMIT = 64 << 20
+_TAIL_STEP = 1 << 20
 _new_member = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
 
 
@@ -621,6 +622,10 @@ class TarReader:
         continues the bytes after that block."""
         left = self._tail_stop - self._tail_at - len(self._tail_partial)
         if left <= 0 or not len(data):
+            return
+        if min(left, len(data)) > _TAIL_STEP:  # (a long tail of a mapped file: a MiB copied at a time)
+            for begin in range(0, min(left, len(data)), _TAIL_STEP):
+                self._scan_tail(data[begin : begin + _TAIL_STEP])
             return
         data = self._tail_partial + bytes(data[:left])
         whole = len(data) - len(data) % BLOCK
