@@ -58,8 +58,8 @@ def sample_members(index: int, *, prefix: str = "", exts=("jpg", "cls", "json", 
     return members
 
 
-def write_tar(path: str, members: List[Member], *, fmt=tarfile.USTAR_FORMAT, extra=None, gz: bool = False) -> str:
-    """Write members (and `extra(tar)` for special entries) to a tar file with stdlib tarfile."""
+def tar_bytes(members: List[Member], *, fmt=tarfile.USTAR_FORMAT, extra=None) -> bytes:
+    """Members (and `extra(tar)` for special entries) as a tar archive, written by stdlib tarfile."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=fmt, encoding="utf-8") as tar:
         for name, data in members:
@@ -70,7 +70,17 @@ def write_tar(path: str, members: List[Member], *, fmt=tarfile.USTAR_FORMAT, ext
             tar.addfile(info, io.BytesIO(data))
         if extra is not None:
             extra(tar)
-    raw = buf.getvalue()
+    return buf.getvalue()
+
+
+def zero_members(count: int, size: int = 1 << 20) -> List[Member]:
+    """`count` members `k000.npy`, ... of `size` zero bytes each: a shard that compresses to almost nothing."""
+    return [(f"k{i:03d}.npy", bytes(size)) for i in range(count)]
+
+
+def write_tar(path: str, members: List[Member], *, fmt=tarfile.USTAR_FORMAT, extra=None, gz: bool = False) -> str:
+    """Write members (and `extra(tar)` for special entries) to a tar file with stdlib tarfile."""
+    raw = tar_bytes(members, fmt=fmt, extra=extra)
     with open(path, "wb") as f:
         f.write(gzip.compress(raw, mtime=0) if gz else raw)
     return path

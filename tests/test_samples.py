@@ -12,7 +12,7 @@ import tarfile
 import warnings
 
 import pytest
-from shardsets import write_tar
+from shardsets import tar_bytes, write_tar, zero_members
 
 import shardstream as wds
 from shardstream._shard.index import scan_shard, write_index
@@ -178,36 +178,29 @@ def test_a_header_after_the_end_of_archive_comes_after_every_sample_of_the_archi
     assert got[-1]["cls"] == b"cls4"
 
 
-def _header(name: str, size: int = 0, typ: bytes = b"0", size_field: bytes = b"") -> bytes:
-    """A ustar header, its checksum right, whatever its size field says."""
-    h = bytearray(512)
-    h[: len(name)] = name.encode()
-    h[100:108], h[108:116], h[116:124] = b"0000644\0", b"0000000\0", b"0000000\0"
-    h[124:136] = size_field or b"%011o\0" % size
-    h[136:148], h[156:157], h[257:265] = b"00000000000\0", typ, b"ustar\x0000"
-    h[148:156] = b" " * 8
-    h[148:156] = b"%06o\0 " % sum(h)
-    return bytes(h)
-
-
-def _member(name: str, data: bytes, **kw) -> bytes:
-    return _header(name, len(data), **kw) + data + bytes(-len(data) % 512)
-
-
 @pytest.mark.parametrize("refused", ["negative size", "invalid PAX size"])
 @pytest.mark.parametrize("handler", [None, "warn_and_continue"])
 def test_a_refused_header_of_a_new_sample_hands_out_the_sample_before_it(tmp_path, refused, handler):
     """A header that passes its checksum and names a new sample but is refused (a negative size,
     a PAX size that is no number) held back the whole sample before it, under every handler;
     one claiming a size past the end hands it out (the sample is whole either way)."""
-    whole = _member("s0.jpg", b"J" * 10) + _member("s0.txt", b"T")
+    from tarvectors import patch_header
+
+    whole = [("s0.jpg", b"J" * 10), ("s0.txt", b"T")]  # headers at 0 and 1024: s1.jpg's at 2048
     if refused == "negative size":
-        bad = _header("s1.jpg", size_field=b"-0000000001\0")
+        archive = patch_header(tar_bytes([*whole, ("s1.jpg", b"J"), ("s2.jpg", b"x")]), 2048, 124, b"-0000000001\0")
     else:
-        body = b"12 size=abc\n"
-        bad = _member("././@PaxHeader", body, typ=b"x") + _member("s1.jpg", b"J")
+        def pax_sized(tar):
+            for name, size in (("s1.jpg", "abc"), ("s2.jpg", None)):
+                info = tarfile.TarInfo(name)
+                info.size = 1
+                if size is not None:
+                    info.pax_headers = {"size": size}
+                tar.addfile(info, io.BytesIO(b"J"))
+
+        archive = tar_bytes(whole, fmt=tarfile.PAX_FORMAT, extra=pax_sized)
     path = tmp_path / "refused.tar"
-    path.write_bytes(whole + bad + _member("s2.jpg", b"x") + bytes(1024))
+    path.write_bytes(archive)
     kw = {} if handler is None else {"handler": getattr(wds, handler)}
     got = []
     with warnings.catch_warnings():
@@ -235,14 +228,8 @@ print(n, peak() - before)
 def test_a_highly_compressible_shard_costs_a_step_of_memory_not_the_shard(tmp_path):
     """A 130 KB .tar.gz of 128 MiB of zeros (masks, padded arrays) took twice the whole
     uncompressed shard (its one chunk inflated at once): ~260 MB added; now a few steps."""
-    plain = io.BytesIO()
-    with tarfile.open(fileobj=plain, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(128):
-            info = tarfile.TarInfo(f"k{i:03d}.npy")
-            info.size = 1 << 20
-            tar.addfile(info, io.BytesIO(bytes(info.size)))
     path = tmp_path / "zeros.tar.gz"
-    path.write_bytes(gzip.compress(plain.getvalue()))
+    path.write_bytes(gzip.compress(tar_bytes(zero_members(128))))
     done = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     mib, added = map(int, done.stdout.split())

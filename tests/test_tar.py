@@ -16,6 +16,7 @@ import tarfile
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shardsets import tar_bytes, zero_members
 from tarvectors import NAMES, SMALL, VECTORS, patch_header, reference_members
 import tarvectors
 
@@ -559,15 +560,10 @@ def test_a_compressible_chunk_comes_out_a_step_at_a_time(codec):
 
     from shardstream._tar.codecs import OUT_STEP
 
-    plain = io.BytesIO()
-    with tarfile.open(fileobj=plain, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(40):
-            info = tarfile.TarInfo(f"k{i:03d}.npy")
-            info.size = 1 << 20
-            tar.addfile(info, io.BytesIO(bytes(info.size)))
+    plain = tar_bytes(zero_members(40))
     compress = {"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[codec]
     reader = TarReader("bomb.tar")
-    batches = [reader.feed(compress(plain.getvalue()))]
+    batches = [reader.feed(compress(plain))]
     while reader.backlog:
         batches.append(reader.feed(b""))
     batches.append(reader.close())
@@ -576,7 +572,7 @@ def test_a_compressible_chunk_comes_out_a_step_at_a_time(codec):
     assert max(sum(len(m.data) for m in batch) for batch in batches) <= OUT_STEP + (1 << 20)
     assert len(batches) >= 40 * (1 << 20) // (OUT_STEP + (1 << 20))
     closing = TarReader("bomb.tar")  # (a caller that does not ask for the rest: close hands it out)
-    got = closing.feed(compress(plain.getvalue()))
+    got = closing.feed(compress(plain))
     assert len(got) + len(closing.close()) == 40
 
 
