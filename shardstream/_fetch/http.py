@@ -9,7 +9,6 @@ Content-Length / Content-Range. aiohttp's exceptions become the error tree in `t
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 import time
@@ -21,7 +20,7 @@ from aiohttp import hdrs
 
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, safe_cause
 from .._base.redact import redact, redact_url, url_secrets
-from .retries import PROGRESS_BYTES, backoff_delay, log_retry, made_progress, stall_body, watch
+from .retries import backoff_delay, log_retry, made_progress, stall_body, watch
 from .options import FetchOptions, note_fetch, note_size
 from .environ import origin_settings
 from .loop import get_session
@@ -259,12 +258,6 @@ def _stated_size(resp: aiohttp.ClientResponse) -> Optional[int]:
     return resp.content_length
 
 
-def _stalled(resp: aiohttp.ClientResponse, transfer: _Transfer, options: FetchOptions) -> None:
-    """The watchdog's verdict on a body that comes too slowly (`Silence`): fail its read, retried."""
-    stall_body(resp, FetchTimeout(f"stalled: under {PROGRESS_BYTES >> 10} KiB in {options.stall_timeout:g} s "
-                                  "(stall_timeout)", url=transfer.url, offset=transfer.received))
-
-
 def _same_object(transfer: _Transfer, identity: Optional[dict]) -> None:
     """A part of a parted download holds the validator the first response of any part gave (and
     the size it stated), and stops sending If-Range once any part found that the server does not
@@ -330,7 +323,7 @@ async def http_stream(
                     if skip is None:
                         return
                     lowat = LowWater.for_response(resp, options.chunk_size)
-                    silence.abort = functools.partial(_stalled, resp, transfer, options)
+                    silence.abort = lambda: stall_body(resp, silence, transfer.received)  # (the offset reached then)
                     try:
                         async for chunk in resp.content.iter_chunked(options.chunk_size):
                             silence.beat(len(chunk))

@@ -14,6 +14,7 @@ import random
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from .._base.errors import FetchTimeout
 from .._base.redact import redact
 
 __all__ = ["PROGRESS_BYTES", "Silence", "backoff_delay", "log_retry", "made_progress", "stall_body", "watch"]
@@ -66,7 +67,7 @@ class Silence:
         self.got = 0
         self.held_at: Optional[float] = None
         self.warned = self.warned_slow = False  # (said it is silent; said it is too slow)
-        self.abort: Optional[Callable[[], None]] = None  # fails the attempt reading a body now
+        self.abort: Optional[Callable[[], Any]] = None  # fails the attempt reading a body now
 
     def beat(self, nbytes: int = 0) -> None:
         """`nbytes` more arrived (0: the reader gave a chunk back)."""
@@ -99,10 +100,14 @@ class Silence:
         return (0.0, 0.0) if self.held_at is not None else (now - self.since, now - self.last)
 
 
-def stall_body(response: Any, error: BaseException) -> None:
-    """Fail the read of an aiohttp response's body with `error` (the connection is then closed,
-    not pooled: its body was not read to the end)."""
+def stall_body(response: Any, silence: Silence, offset: int, what: str = "") -> FetchTimeout:
+    """The watchdog's verdict on a body that comes too slowly (`Silence`): fail the read of the
+    aiohttp `response` with a FetchTimeout (retried; the connection is then closed, not pooled:
+    its body was not read to the end), and return that error."""
+    error = FetchTimeout(f"{what}stalled: under {PROGRESS_BYTES >> 10} KiB in {silence.stall_timeout:g} s "
+                         "(stall_timeout)", url=silence.url, offset=offset)
     response.content.set_exception(error)
+    return error
 
 
 TICK = 1.0

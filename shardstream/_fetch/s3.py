@@ -42,7 +42,7 @@ from botocore.exceptions import (
 from .._base.counters import Counters
 from .._base.errors import FetchError, FetchTimeout, NetworkError, ShardNotFound, UsageError, safe_cause
 from .options import FetchOptions, note_fetch, note_size
-from .retries import PROGRESS_BYTES, Silence, backoff_delay, log_retry, made_progress, stall_body, watch
+from .retries import Silence, backoff_delay, log_retry, made_progress, stall_body, watch
 from .lowat import LowWater
 from .s3client import lease_client
 from .s3client import preload as warm  # (the registry's warming thread runs it after importing us)
@@ -264,10 +264,7 @@ class _ObjectReader:
         return chunk
 
     def _stalled(self, raw: Any) -> None:
-        self._stall = FetchTimeout(f"S3 body stalled: under {PROGRESS_BYTES >> 10} KiB in "
-                                   f"{self._silence.stall_timeout:g} s (stall_timeout)",
-                                   url=self._url, offset=self.received)
-        stall_body(raw, self._stall)
+        self._stall = stall_body(raw, self._silence, self.received, "S3 body ")
 
     def close(self) -> None:
         """Drop the current response; a half-read connection cannot go back to the pool."""
