@@ -248,6 +248,40 @@ def test_no_headers_within_the_stall_timeout(server):
     assert time.monotonic() - started < 1.4
 
 
+def test_headers_sent_a_byte_at_a_time_are_a_stall():
+    """A server that sends its status line and headers a byte every 0.1 s never trips aiohttp's
+    read timeout (the longest silence between reads), so the request waited for as long as the
+    headers went on (here 30 s a connection; an hour for a long header). The headers now have
+    `stall_timeout` from the request: a FetchTimeout, retried, then given up on."""
+    connections = []
+
+    async def drip(reader, writer):
+        connections.append(1)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            for byte in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"x" * 300:  # 30 s of headers, then it gives up
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = run_coroutine(asyncio.start_server(drip, "127.0.0.1", 0)).result(5)
+    port = server.sockets[0].getsockname()[1]
+    started = time.monotonic()
+    try:
+        with pytest.raises(FetchTimeout, match=r"response headers not complete 0.5 s after the request .*"
+                                               r"gave up after 2 attempts"):
+            fetch_all(f"http://127.0.0.1:{port}/x.tar", FAST.replace(stall_timeout=0.5, retries=1))
+    finally:
+        server.close()
+        run_coroutine(server.wait_closed()).result(5)
+    assert time.monotonic() - started < 3, "the headers' phase is held to stall_timeout"
+    assert len(connections) == 2
+
+
 def test_resume_refuses_a_changed_object(server, files):
     """The server stalls mid-body; while it does, the file changes (new ETag): no mixed bytes."""
     path = files[0] / "multi.bin"

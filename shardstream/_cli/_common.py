@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, List, Optional
 
 from .._base.errors import ShardNotFound
@@ -14,6 +13,7 @@ from .._fetch.listing import expand_listings, folder_shards
 from .._fetch.loop import shutdown_loop
 from .._prep._rows import IMAGE_SUFFIXES
 from .._base.redact import redact
+from .._base.workers import WorkerPool
 from .._plan.urls import expand_urls
 
 __all__ = ["bar", "is_image", "say", "shard_urls", "worker_pool"]
@@ -32,11 +32,11 @@ def shard_urls(spec: str) -> List[str]:
 
 
 @contextlib.contextmanager
-def worker_pool(threads: int, name: str) -> Iterator[ThreadPoolExecutor]:
+def worker_pool(threads: int, name: str) -> Iterator[WorkerPool]:
     """A pool for reading shards in parallel that stops at once on Ctrl-C (or any error): the
     shards not started are dropped and the transfers in flight are cut (the fetch loop shuts
     down), instead of waiting for them, which a stalled server makes minutes of retries."""
-    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+    pool = WorkerPool(threads, thread_name_prefix=name)
     try:
         yield pool
     except BaseException:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict
 
 from .._base.threadnames import POOL_THREAD_PREFIX
+from .._base.workers import WorkerPool
 
 __all__ = ["get_pool"]
 
 _lock = threading.Lock()
-_pools: Dict[int, ThreadPoolExecutor] = {}
+_pools: Dict[int, WorkerPool] = {}
 _pid = os.getpid()
 
 
-def get_pool(threads: int) -> ThreadPoolExecutor:
+def get_pool(threads: int) -> WorkerPool:
     """The shared pool with `threads` workers (threads do not survive fork: new pid, new pools)."""
     global _pid
     with _lock:
@@ -25,7 +25,7 @@ def get_pool(threads: int) -> ThreadPoolExecutor:
             _pid = os.getpid()
         pool = _pools.get(threads)
         if pool is None:
-            pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix=f"{POOL_THREAD_PREFIX}{threads}")
+            pool = _pools[threads] = WorkerPool(threads, thread_name_prefix=f"{POOL_THREAD_PREFIX}{threads}")
         return pool
 
 

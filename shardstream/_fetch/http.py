@@ -23,6 +23,7 @@ from .._base.redact import redact, redact_url, url_secrets
 from .retries import backoff_delay, log_retry, made_progress, stall_body, watch
 from .options import FetchOptions, note_fetch, note_size
 from .environ import origin_settings
+from .heads import HeadDeadline
 from .loop import get_session
 from .lowat import LowWater
 from .parts import origin_of
@@ -307,9 +308,19 @@ async def http_stream(
                 _same_object(transfer, identity)
                 headers = transfer.request_headers()
                 headers.update(from_env.headers)
-                # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
-                async with session.get(url, headers=headers, timeout=timeout, read_bufsize=options.chunk_size,
-                                       **from_env.keywords) as resp:
+                head = HeadDeadline(options.stall_timeout)  # (the headers' phase: a byte a second is a stall)
+                try:
+                    async with head:
+                        # read_bufsize: aiohttp buffers up to twice this before it stops reading the socket.
+                        resp = await session.get(url, headers=headers, timeout=timeout,
+                                                 read_bufsize=options.chunk_size, trace_request_ctx=head,
+                                                 **from_env.keywords)
+                except (asyncio.TimeoutError, TimeoutError):
+                    if not head.expired:
+                        raise
+                    late = f"response headers not complete {options.stall_timeout:g} s after the request (stall_timeout)"
+                    raise _Retry(FetchTimeout(late, url=url, offset=transfer.received)) from None
+                async with resp:
                     _same_object(transfer, identity)  # (another part's response may have come meanwhile)
                     skip = transfer.accept(resp)
                     _learn_object(transfer, identity)

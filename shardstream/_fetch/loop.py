@@ -23,6 +23,7 @@ import threading
 from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional, TypeVar
 
 from .._base.cancel import runs_fetch_loop
+from .._base.workers import WorkerPool
 
 __all__ = ["add_shutdown_hook", "close_session", "get_loop", "get_session", "run_coroutine", "shutdown_loop"]
 
@@ -42,6 +43,9 @@ class _LoopThread:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = _new_event_loop()
+        # (DNS lookups, blocking reads, the environment's proxy settings: a pool that serves a
+        # thread still reading after the main thread returned, as the stdlib's default does not)
+        self.loop.set_default_executor(WorkerPool(min(32, (os.cpu_count() or 1) + 4), "shardstream-io"))
         self.thread = threading.Thread(target=self._run, name="shardstream-loop", daemon=True)
         self.thread.start()
 
@@ -107,6 +111,8 @@ async def get_session() -> Any:
     if session is None or session.closed:
         import aiohttp
 
+        from .heads import TRACE
+
         connector = aiohttp.TCPConnector(limit=CONNECTION_LIMIT, limit_per_host=0, ttl_dns_cache=300)
         session = aiohttp.ClientSession(
             connector=connector,
@@ -116,6 +122,7 @@ async def get_session() -> Any:
             # HTTP(S)_PROXY, NO_PROXY and netrc are honoured (as curl does for webdataset), but per
             # origin and once a minute (`environ`), not in two executor trips per request
             trust_env=False,
+            trace_configs=[TRACE],  # (bounds the response headers' phase: `heads`)
         )
         with _lock:
             _sessions[loop] = session

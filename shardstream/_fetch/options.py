@@ -20,8 +20,9 @@ class FetchOptions:
     Args:
         connect_timeout: seconds to open a connection.
         stall_timeout: seconds without a byte (before the headers or between chunks), or with
-            under 64 KiB of a body (a server that drips bytes), after which a transfer counts as
-            stalled: a FetchTimeout, retried and resumed.
+            under 64 KiB of a body (a server that drips bytes), or from an http(s) request to
+            its last response header, after which a transfer counts as stalled: a FetchTimeout,
+            retried and resumed.
         retries: retries after consecutive failed attempts (an attempt that delivers 64 KiB or
             the rest of the object starts the count again, so a long flaky download is not cut
             short; one that trickles in less does not, so a server that sends a byte per

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import gzip
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from .._base.errors import ShardStreamError
 from .._base.redact import redact
+from .._base.workers import WorkerPool
 from .._shard.samples import TarShardSamples
 from .._shard.origin import open_origin
 from .._writer.tarwriter import TarWriter
@@ -83,7 +83,7 @@ def _ordered(fn: Callable[[Any], Any], items: Iterable[Any], threads: int) -> It
     if threads <= 1:
         yield from map(fn, items)
         return
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="shardstream-create")
+    pool = WorkerPool(threads, thread_name_prefix="shardstream-create")
     pending: deque = deque()
     source = iter(items)
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .index import read_index, summarize, walk_shard
@@ -24,6 +24,7 @@ from .._fetch.open import local_path_of
 from .origin import open_origin
 from .._tar.reader import TarMember
 from .._plan.urls import shard_name, without_query
+from .._base.workers import WorkerPool
 
 __all__ = ["cheap_counts", "known_counts", "read_counts"]
 
@@ -120,7 +121,7 @@ def read_counts(
 
     if not urls:
         return []
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls))), thread_name_prefix="shardstream-count") as pool:
+    with WorkerPool(max(1, min(threads, len(urls))), thread_name_prefix="shardstream-count") as pool:
         futures = [pool.submit(count, url) for url in urls]
         try:
             with tqdm(total=len(urls), desc="shardstream: counting samples", unit="shard", disable=None if progress else True) as bar:

@@ -1,0 +1,66 @@
+"""The response-header phase of an HTTP request, bounded like a body.
+
+aiohttp's `sock_read` timeout is the longest silence between two reads, so a server that sends
+its status line and headers a byte every few seconds is never timed out: the header phase has no
+other bound, and a request could wait for hours. `HeadDeadline` gives the headers `stall_timeout`
+from the moment the request was sent (the body's rule: under 64 KiB per `stall_timeout` is a
+stall, and headers are shorter than that). Time spent waiting for one of our own pooled
+connections, connecting (`connect_timeout`) and resolving the host does not count: the deadline
+is armed by aiohttp's trace signal for sent request headers, through `TRACE`, which every session
+of ours carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import aiohttp
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _timeout
+else:  # pragma: no cover - aiohttp depends on async-timeout before 3.11
+    from async_timeout import timeout as _timeout
+
+__all__ = ["TRACE", "HeadDeadline"]
+
+
+class HeadDeadline:
+    """`async with HeadDeadline(seconds) as head: resp = await session.get(..., trace_request_ctx=head)`:
+    the block raises TimeoutError if the response headers are not in within `seconds` of the
+    request being sent (of each request, across redirects)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._scope: Any = None
+
+    async def __aenter__(self) -> "HeadDeadline":
+        self._scope = _timeout(None)
+        await self._scope.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Optional[bool]:
+        return await self._scope.__aexit__(*exc)
+
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline ended the block."""
+        expired = self._scope is not None and self._scope.expired
+        return bool(expired() if callable(expired) else expired)  # (a method in asyncio, a property in async-timeout)
+
+    def arm(self) -> None:
+        if self._scope is not None:
+            self._scope.reschedule(asyncio.get_running_loop().time() + self.seconds)
+
+
+async def _on_headers_sent(session: Any, context: SimpleNamespace, params: Any) -> None:
+    head = getattr(context, "trace_request_ctx", None)
+    if isinstance(head, HeadDeadline):
+        head.arm()
+
+
+TRACE = aiohttp.TraceConfig()
+TRACE.on_request_headers_sent.append(_on_headers_sent)
+TRACE.freeze()
