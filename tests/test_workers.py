@@ -3,6 +3,7 @@ of its own keeps reading after the main thread returned."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -119,3 +120,14 @@ def test_idle_threads_are_reused_not_added():
         assert len(pool._workers) == 1
     finally:
         pool.shutdown()
+
+
+def test_a_pool_dropped_without_shutdown_lets_its_threads_go():
+    pool = WorkerPool(2, "test-dropped")
+    assert list(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]
+    threads = list(pool._workers)
+    del pool
+    gc.collect()
+    for thread in threads:
+        thread.join(5)
+    assert not any(thread.is_alive() for thread in threads)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, List, Optional
 
@@ -36,6 +37,8 @@ class WorkerPool(ThreadPoolExecutor):
         self._idle = threading.Semaphore(0)
         self._guard = threading.Lock()
         self._closed = False
+        # A pool dropped without shutdown() lets its threads go (they hold no reference to it).
+        self._on_drop = weakref.ref(self, lambda _, todo=self._todo: todo.put(None))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "Future[Any]":  # type: ignore[override]
         with self._guard:
@@ -44,30 +47,11 @@ class WorkerPool(ThreadPoolExecutor):
             future: "Future[Any]" = Future()
             self._todo.put((future, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and len(self._workers) < self._limit:
-                worker = threading.Thread(target=self._work, name=f"{self._prefix}_{len(self._workers)}", daemon=True)
+                worker = threading.Thread(target=_work, args=(self._todo, self._idle),
+                                          name=f"{self._prefix}_{len(self._workers)}", daemon=True)
                 worker.start()
                 self._workers.append(worker)
             return future
-
-    def _work(self) -> None:
-        while True:
-            item = self._todo.get()
-            if item is None:
-                self._todo.put(None)  # (for the next worker)
-                return
-            future, fn, args, kwargs = item
-            del item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:  # noqa: BLE001 - handed to the future, as the stdlib pool does
-                    future.set_exception(exc)
-                    del exc
-                else:
-                    future.set_result(result)
-                    del result
-            del future, fn, args, kwargs  # (nothing of the last task stays alive while idle)
-            self._idle.release()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._guard:
@@ -86,3 +70,24 @@ class WorkerPool(ThreadPoolExecutor):
             for worker in workers:
                 if worker is not threading.current_thread():
                     worker.join()
+
+
+def _work(todo: "queue.SimpleQueue[Optional[tuple]]", idle: threading.Semaphore) -> None:
+    while True:
+        item = todo.get()
+        if item is None:
+            todo.put(None)  # (for the next worker)
+            return
+        future, fn, args, kwargs = item
+        del item
+        if future.set_running_or_notify_cancel():
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the future, as the stdlib pool does
+                future.set_exception(exc)
+                del exc
+            else:
+                future.set_result(result)
+                del result
+        del future, fn, args, kwargs  # (nothing of the last task stays alive while idle)
+        idle.release()
