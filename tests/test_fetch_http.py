@@ -282,6 +282,33 @@ def test_headers_sent_a_byte_at_a_time_are_a_stall():
     assert len(connections) == 2
 
 
+@pytest.mark.parametrize("encoding", ["br", "gzip"])
+def test_a_body_with_a_content_encoding(encoding):
+    """We ask for no encoding and read bodies byte for byte. A .tar.gz labelled `gzip` (a common
+    server setting for .gz files) is read as its bytes; one the reader cannot take (br) is an
+    error that says so, not "bad tar header" at byte 0."""
+    import gzip
+
+    from shardsets import sample_members, tar_bytes
+
+    raw = tar_bytes([m for i in range(3) for m in sample_members(i, exts=("cls",))])
+    body = gzip.compress(raw, mtime=0) if encoding == "gzip" else b"\x1b" + raw[:1000]
+
+    async def handle(request):
+        return web.Response(body=body, headers={"Content-Encoding": encoding, "ETag": '"v1"'})
+
+    runner, url = serve_app(handle)
+    try:
+        dataset = wds.WebDataset(url.replace("x.bin", "x.tar"), shardshuffle=False)
+        if encoding == "gzip":
+            assert [s["cls"] for s in dataset] == [b"0", b"1", b"2"]
+        else:
+            with pytest.raises(FetchError, match="Content-Encoding 'br' though none was asked for"):
+                list(dataset)
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+
+
 def test_resume_refuses_a_changed_object(server, files):
     """The server stalls mid-body; while it does, the file changes (new ETag): no mixed bytes."""
     path = files[0] / "multi.bin"

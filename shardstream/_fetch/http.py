@@ -33,6 +33,9 @@ __all__ = ["http_stream", "translate_error"]
 
 logger = logging.getLogger(__name__)
 
+# What a body may be encoded with: the reader takes gzip by its first bytes (a server that labels
+# a .tar.gz file so, or compresses on the fly against our Accept-Encoding); others it cannot read.
+_READABLE_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip"})
 _RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.ASCII)
 
@@ -158,6 +161,11 @@ class _Transfer:
             raise _Retry(self.error(what), _retry_after(resp.headers.get(hdrs.RETRY_AFTER)))
         if status not in (200, 206):
             raise self.error(what)
+        encoding = resp.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+        if encoding not in _READABLE_ENCODINGS:  # (gzip: a .tar.gz labelled so, read as its bytes)
+            raise self.error(f"the body comes with Content-Encoding {encoding!r} though none was asked for "
+                             "(Accept-Encoding: identity): shards are read byte for byte, and those bytes "
+                             "are not a tar nor a compression the reader knows")
         self._check_same_object(resp)
         if status == 206:
             return self._accept_partial(resp)
