@@ -30,18 +30,18 @@ _CHILD = r"""
 import json, sys, threading, time
 import shardstream as wds
 
-def one_pass():
+def one_pass(urls):
     split = wds.EqualSplit(shuffle=False, count_shards=True)
-    ds = wds.WebDataset(sys.argv[1], shardshuffle=False, nodesplitter=split).with_engine(threads=2)
+    ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=split).with_engine(threads=2)
     return [key for key, _ in ds.decode("pil").to_tuple("__key__", "jpg")]
 
-before = one_pass()
+before = one_pass(sys.argv[1])
 main_returned = threading.Event()
 
 def train():
     main_returned.wait()
     time.sleep(0.5)  # (the interpreter's exit has begun: the stdlib's pools are shut down)
-    print(json.dumps({"before": before, "after": one_pass()}), flush=True)
+    print(json.dumps({"before": before, "after": one_pass(sys.argv[-1])}), flush=True)
 
 threading.Thread(target=train).start()  # (not a daemon: Python waits for it)
 main_returned.set()
@@ -53,9 +53,10 @@ def _shards(root) -> list:
                                                              for m in sample_members(i)]) for shard in range(3)]
 
 
-def _passes(urls: str) -> dict:
+def _passes(*urls: str) -> dict:
+    """The child's two passes, the second over the last of `urls`."""
     env = dict(os.environ, SHARDSTREAM_UVLOOP="0", PYTHONPATH=ROOT, RANK="0", WORLD_SIZE="2")
-    done = subprocess.run([sys.executable, "-c", _CHILD, urls], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run([sys.executable, "-c", _CHILD, *urls], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     return json.loads(done.stdout)
 
@@ -68,7 +69,7 @@ def test_a_thread_that_reads_after_the_main_thread_returned_reads_every_sample(t
 
 def test_over_http_too(tmp_path):
     """The pool that counts shards, and the event loop's executor (host names, the
-    environment's proxy settings), are served too."""
+    environment's proxy settings, looked up afresh for the second pass's host), are served too."""
     files = {os.path.basename(path): open(path, "rb").read() for path in _shards(tmp_path)}
 
     async def handle(request):
@@ -76,8 +77,9 @@ def test_over_http_too(tmp_path):
 
     runner, url = serve_app(handle)
     try:
-        origin = url.rsplit("/", 1)[0].replace("127.0.0.1", "localhost")
-        passes = _passes("::".join(f"{origin}/{name}" for name in files))
+        origin = url.rsplit("/", 1)[0]  # (the second pass names another host: a lookup of its own)
+        passes = _passes(*("::".join(f"{host}/{name}" for name in files)
+                           for host in (origin, origin.replace("127.0.0.1", "localhost"))))
     finally:
         run_coroutine(runner.cleanup()).result(5)
     assert passes["after"] == passes["before"] and len(passes["before"]) == 12  # (rank 0 of 2)
@@ -122,8 +124,11 @@ def test_idle_threads_are_reused_not_added():
         pool.shutdown()
 
 
-def test_a_pool_dropped_without_shutdown_lets_its_threads_go():
+@pytest.mark.parametrize("in_a_cycle", [False, True])
+def test_a_pool_dropped_without_shutdown_lets_its_threads_go(in_a_cycle):
     pool = WorkerPool(2, "test-dropped")
+    if in_a_cycle:  # (collected by the garbage collector, not by its reference count)
+        pool.itself = pool
     assert list(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]
     threads = list(pool._workers)
     del pool

@@ -37,7 +37,7 @@ class WorkerPool(ThreadPoolExecutor):
         self._idle = threading.Semaphore(0)
         self._guard = threading.Lock()
         self._closed = False
-        # A pool dropped without shutdown() lets its threads go (they hold no reference to it).
+        # A pool dropped without shutdown() lets its threads go (they hold this, not the pool).
         self._on_drop = weakref.ref(self, lambda _, todo=self._todo: todo.put(None))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "Future[Any]":  # type: ignore[override]
@@ -47,7 +47,7 @@ class WorkerPool(ThreadPoolExecutor):
             future: "Future[Any]" = Future()
             self._todo.put((future, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and len(self._workers) < self._limit:
-                worker = threading.Thread(target=_work, args=(self._todo, self._idle),
+                worker = threading.Thread(target=_work, args=(self._todo, self._idle, self._on_drop),
                                           name=f"{self._prefix}_{len(self._workers)}", daemon=True)
                 worker.start()
                 self._workers.append(worker)
@@ -72,7 +72,9 @@ class WorkerPool(ThreadPoolExecutor):
                     worker.join()
 
 
-def _work(todo: "queue.SimpleQueue[Optional[tuple]]", idle: threading.Semaphore) -> None:
+def _work(todo: "queue.SimpleQueue[Optional[tuple]]", idle: threading.Semaphore, on_drop: Any) -> None:
+    """A worker's loop. It holds the pool's weak reference `on_drop` (not the pool): a weak
+    reference that dies with its object, in a garbage cycle, would not call back."""
     while True:
         item = todo.get()
         if item is None:
@@ -80,14 +82,18 @@ def _work(todo: "queue.SimpleQueue[Optional[tuple]]", idle: threading.Semaphore)
             return
         future, fn, args, kwargs = item
         del item
-        if future.set_running_or_notify_cancel():
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the future, as the stdlib pool does
-                future.set_exception(exc)
-                del exc
-            else:
-                future.set_result(result)
-                del result
+        if not future.set_running_or_notify_cancel():
+            del future, fn, args, kwargs
+            idle.release()
+            continue
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the future, as the stdlib pool does
+            idle.release()  # (before the future wakes a submitter: its next task finds this thread idle)
+            future.set_exception(exc)
+            del exc
+        else:
+            idle.release()
+            future.set_result(result)
+            del result
         del future, fn, args, kwargs  # (nothing of the last task stays alive while idle)
-        idle.release()

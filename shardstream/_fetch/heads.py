@@ -7,7 +7,11 @@ from the moment the request was sent (the body's rule: under 64 KiB per `stall_t
 stall, and headers are shorter than that). Time spent waiting for one of our own pooled
 connections, connecting (`connect_timeout`) and resolving the host does not count: the deadline
 is armed by aiohttp's trace signal for sent request headers, through `TRACE`, which every session
-of ours carries.
+of ours carries, and disarmed while a redirect or a retry finds its next connection.
+
+On Python 3.10 the scope is async-timeout's, which can turn a cancellation that arrives in the
+very loop iteration the deadline fires into a TimeoutError (aio-libs/aiohttp#5979; aiohttp's own
+timeouts share it there); from 3.11 on, asyncio's scope keeps a cancellation a cancellation.
 """
 
 from __future__ import annotations
@@ -54,13 +58,25 @@ class HeadDeadline:
         if self._scope is not None:
             self._scope.reschedule(asyncio.get_running_loop().time() + self.seconds)
 
+    def disarm(self) -> None:
+        if self._scope is not None:
+            self._scope.reschedule(None)
 
-async def _on_headers_sent(session: Any, context: SimpleNamespace, params: Any) -> None:
-    head = getattr(context, "trace_request_ctx", None)
-    if isinstance(head, HeadDeadline):
-        head.arm()
+
+def _signal(method: str) -> Any:
+    async def on_signal(session: Any, context: SimpleNamespace, params: Any) -> None:
+        head = getattr(context, "trace_request_ctx", None)
+        if isinstance(head, HeadDeadline):
+            getattr(head, method)()
+
+    return on_signal
 
 
 TRACE = aiohttp.TraceConfig()
-TRACE.on_request_headers_sent.append(_on_headers_sent)
+TRACE.on_request_headers_sent.append(_signal("arm"))
+# Between a request's headers and the next one's (a redirect; aiohttp's own retry on a reused
+# connection that the server had closed), waiting for a connection, resolving and connecting
+# are not the server's answer: the deadline waits for the next request to be sent.
+for _phase in (TRACE.on_request_redirect, TRACE.on_connection_queued_start, TRACE.on_connection_create_start):
+    _phase.append(_signal("disarm"))
 TRACE.freeze()

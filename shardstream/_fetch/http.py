@@ -33,9 +33,11 @@ __all__ = ["http_stream", "translate_error"]
 
 logger = logging.getLogger(__name__)
 
-# What a body may be encoded with: the reader takes gzip by its first bytes (a server that labels
-# a .tar.gz file so, or compresses on the fly against our Accept-Encoding); others it cannot read.
-_READABLE_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip"})
+# Content codings whose bytes the reader cannot take (it tells gzip, bzip2, xz and lzma by their
+# first bytes, so a .tar.bz2 labelled `bzip2`, as mimetypes and some upload tools label it, reads
+# as its bytes; so do labels that name no coding at all). A body in one of these is an error
+# that names it, not "bad tar header" at byte 0.
+_UNREADABLE_ENCODINGS = frozenset({"br", "zstd", "deflate", "compress", "x-compress", "pack200-gzip", "exi"})
 _RETRY_STATUSES = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.ASCII)
 
@@ -161,11 +163,12 @@ class _Transfer:
             raise _Retry(self.error(what), _retry_after(resp.headers.get(hdrs.RETRY_AFTER)))
         if status not in (200, 206):
             raise self.error(what)
-        encoding = resp.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
-        if encoding not in _READABLE_ENCODINGS:  # (gzip: a .tar.gz labelled so, read as its bytes)
-            raise self.error(f"the body comes with Content-Encoding {encoding!r} though none was asked for "
-                             "(Accept-Encoding: identity): shards are read byte for byte, and those bytes "
-                             "are not a tar nor a compression the reader knows")
+        encodings = [e.strip() for e in resp.headers.get(hdrs.CONTENT_ENCODING, "").lower().split(",")]
+        unreadable = [e for e in encodings if e in _UNREADABLE_ENCODINGS]
+        if unreadable:
+            raise self.error(f"the body comes with Content-Encoding {unreadable[0]!r} though none was asked "
+                             "for (Accept-Encoding: identity): shards are read byte for byte, and the reader "
+                             "cannot take that coding (it reads gzip, bzip2, xz and lzma)")
         self._check_same_object(resp)
         if status == 206:
             return self._accept_partial(resp)
