@@ -443,3 +443,44 @@ def test_the_source_counts_samples_of_shards_left_or_broken_part_way(tmp_path):
         delivered = sum(1 for _ in it)
     source = it.stats().source
     assert source["samples"] == delivered > 200 and source["shards"] == 1 and source["errors"] == 1
+
+
+def test_an_iterator_started_before_fork_is_refused_in_the_child_not_left_waiting(tmp_path):
+    """The pass's threads stay in the parent: the child's next() waited for ever. It is a
+    UsageError now, and a new iterator in the child reads the whole pass."""
+    from shardsets import sample_members, write_tar
+
+    path = write_tar(str(tmp_path / "f.tar"), [m for i in range(40) for m in sample_members(i, exts=("cls",))])
+    dataset = wds.WebDataset(path, shardshuffle=False).with_engine(threads=2, max_chunk=1)
+    it = iter(dataset)
+    next(it)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave at once (no atexit, no pytest)
+        try:
+            started = time.monotonic()
+            try:
+                for _ in range(50):
+                    next(it)
+                outcome = "went on"
+            except wds.UsageError as exc:
+                outcome = "refused" if "before fork" in str(exc) and time.monotonic() - started < 5 else repr(exc)
+            outcome += f" {sum(1 for _ in dataset)}"
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            outcome = repr(exc)
+        os.write(write, outcome.encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        deadline = time.monotonic() + 30
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:  # (a child left waiting)
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.05)
+        outcome = os.read(read, 1000).decode()
+    finally:
+        os.close(read)
+    assert outcome == "refused 40"
+    assert sum(1 for _ in it) == 39  # (the parent's pass goes on)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -24,7 +25,7 @@ from .config import EngineConfig, available_cores
 from .pool import get_pool
 from .._base.counters import Counters
 from .._base.cancel import finalize, set_stop
-from .._base.errors import note_stage
+from .._base.errors import UsageError, note_stage
 from .segments import STOP, Segment, run_task, split_segments, tracked
 from .stats import PipelineStats, StageStats
 
@@ -396,6 +397,7 @@ class EngineIterator:
         self._run = _Run(stages, invoke, config, pivot)
         self._chunk: List[Any] = []
         self._index = 0
+        self._pid = os.getpid()
 
     @property
     def position(self) -> Any:
@@ -410,6 +412,9 @@ class EngineIterator:
     def __next__(self) -> Any:
         chunk, index = self._chunk, self._index
         if index >= len(chunk):
+            if os.getpid() != self._pid:  # (its threads are the parent's: nothing would ever come)
+                raise UsageError("an iterator started before fork cannot go on in the child: start a new one "
+                                 "there (iter(dataset))")
             while True:
                 chunk = self._run.next_chunk()
                 if chunk:
