@@ -387,3 +387,33 @@ def test_an_elastic_resume_with_empty_shards_or_a_per_worker_epoch(tmp_path, mon
     assert len(set(before + after)) >= total - 2  # (every sample, but fewer than world size left over)
     if not with_epoch:  # (with_epoch goes round again to fill its length: repeats are its rule)
         assert len(set(before + after)) == len(before + after)
+
+
+_GROUP_CHILD = r"""
+import sys, tempfile, torch
+import torch.distributed as dist
+import shardstream as wds
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+split = wds.EqualSplit(seed=1, group=dist.new_group([0]))
+ds = wds.WebDataset(sys.argv[1], shardshuffle=False, nodesplitter=split).to_tuple("__key__")
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+print(sorted(key for key, in loader))
+dist.destroy_process_group()
+"""
+
+
+def test_a_splitter_given_a_process_group_goes_to_spawned_workers(tmp_path):
+    """A process group does not pickle: EqualSplit(group=...) under spawn or forkserver
+    DataLoader workers (the default start method from Python 3.14) failed with "cannot pickle
+    ProcessGroup". The workers get the rank and world size it gave."""
+    import subprocess
+    import sys
+
+    paths = [write_tar(str(tmp_path / f"g{n}.tar"), [m for i in range(n * 5, n * 5 + 5) for m in sample_members(i, exts=("cls",))])
+             for n in range(4)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", _GROUP_CHILD, "::".join(paths)], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == str([f"s{i:04d}" for i in range(20)])

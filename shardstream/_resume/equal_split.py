@@ -229,12 +229,28 @@ class EqualSplit(PipelineStage):
         """Use this epoch number for the next passes (else each pass counts as a new epoch)."""
         self.epoch = epoch
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # A process group does not pickle, and a DataLoader worker started by spawn or forkserver
+        # is not in it anyway: it is sent as the rank and world size it gives here.
+        state = dict(self.__dict__)
+        if state.get("group") is not None:
+            rank, world = pytorch_worker_info(group=self.group)[:2]
+            state["group"], state["_group_layout"] = None, (rank, world)
+        return state
+
+    def _layout(self) -> Tuple[int, int, int, int]:
+        rank, world, worker, workers = pytorch_worker_info(group=self.group)
+        sent = self.__dict__.get("_group_layout")
+        if sent is not None and self.group is None:
+            rank, world = sent
+        return rank, world, worker, workers
+
     def state_settings(self) -> Dict[str, Any]:
         """In a saved state's fingerprint: another seed or rule splits the epoch otherwise."""
         return {"seed": self.config.seed, "shuffle": self.config.shuffle, "remainder": self.config.remainder}
 
     def run(self, src: Iterable[Any]) -> Iterator[Dict[str, Any]]:
-        rank, world, worker, workers = pytorch_worker_info(group=self.group)
+        rank, world, worker, workers = self._layout()
         epoch = self.epoch if self.epoch is not None else self.passes
         self.passes += 1
         history, self.history = self.history, None
@@ -283,7 +299,7 @@ class EqualSplit(PipelineStage):
         samples) or None (shard by shard); `mode` records it. A loader calls this in its main
         process before starting workers, so they inherit what it found."""
         if world is None:
-            world = pytorch_worker_info(group=self.group)[1]
+            world = self._layout()[1]
         counts = None if world == 1 else self._counts(urls, required=False)  # world 1: nothing to balance, read nothing
         self.mode = "samples" if counts is not None else SHARD_SPLIT
         return counts
