@@ -424,3 +424,28 @@ def test_exact_mix_keeps_every_source_within_one_shard_of_its_share():
     again = [p.url for p in itertools.islice(scheduler.iter_exact(0, 0, 0), 50)]
     other = [p.url for p in itertools.islice(scheduler.iter_exact(0, 0, 1), 50)]
     assert again == [p.url for p in itertools.islice(scheduler.iter_exact(0, 0, 0), 50)] and again != other
+
+
+def test_an_elastic_resume_plan_does_not_walk_the_shard_list_per_old_worker():
+    """The epoch's sample total was summed over every shard each time a resume planned one old
+    worker's part: 8.8 s of CPU per new worker for 100k shards resumed from 64x8 on 48x8, every
+    worker of every rank. It is summed once, when the scheduler is built."""
+    from shardstream._resume.equal_split import resume_state
+
+    old_world, old_workers, shards = 16, 4, 20000
+    sched = ShardScheduler([Shard(f"s-{i:07d}.tar", 10) for i in range(shards)], SchedulerConfig(seed=0))
+
+    class Walked(tuple):
+        count = 0
+
+        def __iter__(self):
+            Walked.count += 1
+            return super().__iter__()
+
+    sched.shards = Walked(sched.shards)
+    done = shards * 10 // old_world // old_workers // 2
+    history = [{"epoch": 0, "split": None, "layout": {"rank": r, "world_size": old_world, "num_workers": old_workers},
+                "per_worker": {str(w): done for w in range(old_workers)},
+                "positions": {str(w): [0, done // 10, 3, None] for w in range(old_workers)}} for r in range(old_world)]
+    plan = sched.resume_plan(resume_state(sched, history), 11, 12, 3, 4)
+    assert plan and Walked.count <= 2, Walked.count  # (was one walk per old worker and more: 516)

@@ -100,6 +100,9 @@ class ShardScheduler:
     # -- split mode -------------------------------------------------------------------------
 
     def _total(self) -> int:
+        total = self._fingerprint["samples"]  # (summed once: a resume plans every old worker's part with it)
+        if total is not None:
+            return total
         missing = [s.url for s in self.shards if s.samples is None]
         if missing:
             raise UsageError(
