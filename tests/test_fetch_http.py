@@ -745,3 +745,44 @@ def test_a_reader_that_pauses_is_no_silence_of_the_servers(server, files, caplog
             assert first + b"".join(stream) == files[1]["large.bin"]
             assert stream.stats.retries == 0
     assert not [r for r in caplog.records if "no bytes from" in r.getMessage()]
+
+
+def test_many_datasets_over_a_server_without_ranges_all_get_connections():
+    """40 datasets open at once over a server that ignores Range (one connection per shard,
+    held while the shard's buffer is full): their streams opened ahead took all 256 pooled
+    connections, the stream each reader waited for queued for a connection for ever, and
+    nothing moved. Every dataset now reads every sample."""
+    from shardsets import tar_bytes
+
+    shards = [tar_bytes([(f"s{i}-{n:02d}.bin", os.urandom(24 << 10)) for n in range(20)]) for i in range(10)]
+
+    async def handle(request):  # (no Range, no ETag: each shard over one connection)
+        return web.Response(body=shards[int(request.match_info["path"].split(".")[0])])
+
+    runner, url = serve_app(handle)
+    base = url.rsplit("/", 1)[0]
+    options = FetchOptions(prefetch_bytes=32 << 10, chunk_size=16 << 10)
+    iterators = [iter(wds.WebDataset([f"{base}/{i}.tar" for i in range(10)], shardshuffle=False, fetch_options=options))
+                 for _ in range(40)]
+    counts = [0] * len(iterators)
+    try:
+        done = threading.Event()
+
+        def read_all():
+            live = list(range(len(iterators)))
+            while live:
+                for k in list(live):
+                    if next(iterators[k], None) is None:
+                        live.remove(k)
+                    else:
+                        counts[k] += 1
+            done.set()
+
+        reader_thread = threading.Thread(target=read_all, daemon=True)
+        reader_thread.start()
+        assert done.wait(120), f"stuck: samples read per dataset {counts}"
+    finally:
+        for it in iterators:
+            getattr(it, "close", lambda: None)()
+        run_coroutine(runner.cleanup()).result(5)
+    assert counts == [200] * len(iterators)

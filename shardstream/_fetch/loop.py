@@ -31,9 +31,14 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Sized for many shards in flight (each stream holds one connection while it downloads); per
-# host unlimited, because a dataset usually lives on one host.
-CONNECTION_LIMIT = 256
+# No cap on connections (0), as webdataset's curl per shard has none. A stream that its reader
+# has not reached holds its connection while its buffer is full (a server without Range, or
+# without a validator, sends a shard over one connection), so with a cap, enough datasets open
+# at once (about 30 at the defaults) took every connection with streams opened ahead, and the
+# stream being read waited for one for ever. What bounds the connections is the readers: a
+# dataset opens `shards_in_flight` streams ahead, and a stream's ranged parts stay within its
+# reader's window of bytes (`part_budget`).
+CONNECTION_LIMIT = 0
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
