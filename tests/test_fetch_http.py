@@ -282,6 +282,20 @@ def test_headers_sent_a_byte_at_a_time_are_a_stall():
     assert len(connections) == 2
 
 
+@pytest.mark.parametrize("scope", ["asyncio", "async-timeout"])
+def test_the_headers_deadline_on_each_pythons_timeout_scope(server, files, monkeypatch, scope):
+    """Python 3.10 has no asyncio.timeout: the deadline runs on async-timeout there, whose scope
+    moves with `update`, not `reschedule` (the first version called `reschedule` on both, and
+    every HTTP request failed on 3.10). Both scopes read a body, and both end a header drip."""
+    from shardstream._fetch import heads
+
+    if scope == "async-timeout":
+        monkeypatch.setattr(heads, "_timeout", pytest.importorskip("async_timeout").timeout)
+    data, _ = fetch_all(server.url("small.bin"), FAST)
+    assert data == files[1]["small.bin"]
+    test_headers_sent_a_byte_at_a_time_are_a_stall()
+
+
 def test_a_redirect_targets_lookup_and_connect_do_not_count_against_the_headers(monkeypatch):
     """The headers' deadline runs from a request's sending to its response. A redirect to a
     host whose name takes 0.6 s to resolve, from an origin that takes 0.6 s to answer, is 1.2 s

@@ -113,15 +113,27 @@ _TORCH_TEXT = re.compile(r"Caught \w+ in DataLoader worker process \d+\.\n")
 _WHERE_EXTRA = ("key", "k", "reason", "cache_path")  # DecodingError's and CorruptCacheFile's own attributes
 
 
+def add_note(exn: BaseException, text: str) -> None:
+    """`exn.add_note(text)`; before Python 3.11 (no add_note), the same `__notes__` list, which
+    our messages and handlers' warnings (`describe`) read (tracebacks show notes from 3.11 on)."""
+    if hasattr(exn, "add_note"):
+        exn.add_note(text)
+        return
+    try:
+        exn.__notes__ = [*getattr(exn, "__notes__", ()), text]  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):  # (an exception type that takes no attributes)
+        pass
+
+
 def mark_location(exn: BaseException) -> None:
     """Add a note holding the error's location as JSON, before it leaves a DataLoader worker:
     torch rebuilds a worker's exception from its text alone (`type(exn)(text)`), and the rebuilt
     error reads the note back as it is made (`worker_where`)."""
-    if isinstance(exn, ShardStreamError) and hasattr(exn, "add_note"):
+    if isinstance(exn, ShardStreamError):
         if not any(note.startswith(WHERE_NOTE) for note in getattr(exn, "__notes__", ())):
             where = {"url": exn.url, "member": exn.member, "offset": exn.offset}
             where.update((name, getattr(exn, name)) for name in _WHERE_EXTRA if hasattr(exn, name))
-            exn.add_note(WHERE_NOTE + json.dumps(where, default=str))
+            add_note(exn, WHERE_NOTE + json.dumps(where, default=str))
 
 
 def worker_where(text: object) -> Optional[Dict[str, Any]]:
@@ -248,8 +260,6 @@ def note_stage(exn: BaseException, stage: str, sample: object = None) -> None:
     """Add a note saying which stage raised `exn`, and on which sample (its `__key__` and
     `__url__`, when `sample` is a dict holding them): a user's map function or a `to_tuple` key
     the sample lacks knows nothing of the shard. Warnings (`describe`) and tracebacks show it."""
-    if not hasattr(exn, "add_note"):
-        return
     text = f"{NOTE_PREFIX}raised in stage {stage!r}"
     if isinstance(sample, dict) and sample.get("__key__") is not None:
         text += f" on sample {sample['__key__']!r}"
@@ -257,7 +267,7 @@ def note_stage(exn: BaseException, stage: str, sample: object = None) -> None:
             text += f" of {redact(str(sample['__url__']))}"
     notes = getattr(exn, "__notes__", [])
     if not any(note.startswith(f"{NOTE_PREFIX}raised in stage") for note in notes):
-        exn.add_note(text)
+        add_note(exn, text)
 
 
 def describe(exn: BaseException) -> str:

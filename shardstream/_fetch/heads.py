@@ -55,12 +55,15 @@ class HeadDeadline:
         return bool(expired() if callable(expired) else expired)  # (a method in asyncio, a property in async-timeout)
 
     def arm(self) -> None:
-        if self._scope is not None:
-            self._scope.reschedule(asyncio.get_running_loop().time() + self.seconds)
+        self._move(asyncio.get_running_loop().time() + self.seconds)
 
     def disarm(self) -> None:
-        if self._scope is not None:
-            self._scope.reschedule(None)
+        self._move(None)
+
+    def _move(self, when: Optional[float]) -> None:
+        if self._scope is not None:  # (asyncio's `reschedule`; async-timeout's is `update`)
+            move = getattr(self._scope, "reschedule", None) or self._scope.update
+            move(when)
 
 
 def _signal(method: str) -> Any:

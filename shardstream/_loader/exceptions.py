@@ -9,6 +9,8 @@ import importlib
 import pickle
 from typing import Any, Dict, Optional, Type
 
+from .._base.errors import add_note
+
 __all__ = ["exception_from", "exception_payload"]
 
 _SHELL = "shardstream-exception-shell"
@@ -73,5 +75,5 @@ def exception_from(payload: Optional[bytes]) -> Optional[BaseException]:
     except Exception:
         return None
     for note in notes:
-        exc.add_note(note)
+        add_note(exc, note)
     return exc

@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .._engine.config import engine_defaults
 from .._decode.basic import pickle_allowed
-from .._base.errors import ShardStreamError, UsageError
+from .._base.errors import ShardStreamError, UsageError, add_note
 from .exceptions import exception_from
 from .helper import HelperOptions, Report, helper_main, pipeline_of
 from .._stages.resumable import ResumeTraits
@@ -432,6 +432,5 @@ def _rebuild(message: Any) -> BaseException:
     if exc is None:
         exc = ShardStreamError(f"{type_name}: {text_short}")
     exc.__cause__ = RemoteTraceback(text)
-    if hasattr(exc, "add_note"):
-        exc.add_note(f"shardstream: raised in the SubprocessLoader's helper process (pid {pid})")
+    add_note(exc, f"shardstream: raised in the SubprocessLoader's helper process (pid {pid})")
     return exc

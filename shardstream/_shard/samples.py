@@ -20,7 +20,7 @@ from typing import (
     Tuple,
 )
 
-from .._base.errors import NOTE_PREFIX, FormatError, ShardStreamError, UsageError, redact_url, safe_cause
+from .._base.errors import NOTE_PREFIX, FormatError, ShardStreamError, UsageError, add_note, redact_url, safe_cause
 from .._base.handlers import reraise_exception
 from .._cache.shardcache import ShardCache
 from .._fetch.open import local_path_of
@@ -171,8 +171,7 @@ def _whole_before(
 def _note_member(exn: BaseException, url: str, member: str, offset: int) -> None:
     """Say on a user callback's error (rename_files, select_files) which member it was given:
     the error itself knows nothing of the shard."""
-    if hasattr(exn, "add_note"):
-        exn.add_note(f"{NOTE_PREFIX}on member {member!r} at byte {offset} of {redact_url(url)}")
+    add_note(exn, f"{NOTE_PREFIX}on member {member!r} at byte {offset} of {redact_url(url)}")
 
 
 def _field(
