@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import List
 
-__all__ = ["SUBMODULES", "install_as_webdataset"]
+__all__ = ["SHIM_PATH", "SUBMODULES", "install_as_webdataset"]
+
+# A directory holding only a `webdataset` package that installs shardstream (see install_as_webdataset).
+SHIM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shimpath")
 
 # webdataset submodule name -> shardstream module that provides it.
 SUBMODULES = {
@@ -41,6 +45,11 @@ def install_as_webdataset(force: bool = False) -> List[str]:
     package = importlib.import_module("shardstream")
     installed = ["webdataset"]
     sys.modules["webdataset"] = package
+    # Children started by spawn or forkserver (DataLoader workers; the default start method from
+    # Python 3.14) get this process's sys.path, not its modules: there, `import webdataset`
+    # finds the module in SHIM_PATH, which installs shardstream the same way.
+    if SHIM_PATH not in sys.path:
+        sys.path.insert(0, SHIM_PATH)
     for name, target in SUBMODULES.items():
         module = importlib.import_module(f"shardstream.{target}")
         sys.modules[f"webdataset.{name}"] = module

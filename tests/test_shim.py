@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import webdataset
 
 import shardstream
@@ -84,3 +85,18 @@ def test_expand_urls_accepts_lists_like_0_2():
     assert shardstream.shardlists.expand_urls(["a.tar", "b.tar"]) == ["a.tar", "b.tar"]
     assert shardstream.shardlists.expand_urls("a-{0..2}.tar::b.tar") == ["a-0.tar", "a-1.tar", "a-2.tar", "b.tar"]
     assert webdataset.shardlists.expand_urls("a-{0..1}.tar") == shardstream.shardlists.expand_urls("a-{0..1}.tar")
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_forkserver_run_the_script_on_shardstream_too(shardset, context):
+    """Such workers import the script again (`import webdataset`) before they unpickle the
+    pipeline, and had the real webdataset: OpenCLIP's pipeline then met 1.0.2's end-of-shard `{}`
+    (KeyError 'fname') in every worker, or failed to import where webdataset is not installed.
+    forkserver is the default start method from Python 3.14; spawn is macOS's."""
+    from shardstream.tariterators import tar_file_expander, url_opener
+
+    script = os.path.join(HERE, "scripts", "spawn_workers.py")
+    result = _run(["-m", "shardstream.run", script, context, *shardset])
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = sum(1 for _ in tar_file_expander(url_opener({"url": url} for url in shardset)))
+    assert json.loads(result.stdout) == {"libraries": ["shardstream"], "members": expected}

@@ -13,6 +13,7 @@ pool at exit (a daemon consumer and its pool end with the process).
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import weakref
@@ -38,7 +39,7 @@ class WorkerPool(ThreadPoolExecutor):
         self._guard = threading.Lock()
         self._closed = False
         # A pool dropped without shutdown() lets its threads go (they hold this, not the pool).
-        self._on_drop = weakref.ref(self, lambda _, todo=self._todo: todo.put(None))
+        self._on_drop = weakref.ref(self, functools.partial(_stop_workers, self._todo))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "Future[Any]":  # type: ignore[override]
         with self._guard:
@@ -97,3 +98,7 @@ def _work(todo: "queue.SimpleQueue[Optional[tuple]]", idle: threading.Semaphore,
             future.set_result(result)
             del result
         del future, fn, args, kwargs  # (nothing of the last task stays alive while idle)
+
+
+def _stop_workers(todo: "queue.SimpleQueue[Optional[tuple]]", _dropped: Any) -> None:
+    todo.put(None)  # (each worker passes it on)
