@@ -3,6 +3,7 @@ of its own keeps reading after the main thread returned."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
@@ -136,3 +137,39 @@ def test_a_pool_dropped_without_shutdown_lets_its_threads_go(in_a_cycle):
     for thread in threads:
         thread.join(5)
     assert not any(thread.is_alive() for thread in threads)
+
+
+_DAEMON_CHILD = r"""
+import sys, threading, time
+import shardstream as wds
+
+def read():
+    for _ in wds.WebDataset(sys.argv[1], shardshuffle=False):
+        pass
+
+threading.Thread(target=read, daemon=True).start()
+time.sleep(0.5)
+print("main returns", flush=True)
+"""
+
+
+def test_a_daemon_thread_reading_at_exit_ends_without_a_traceback():
+    """The loop is shut down at exit, after the non-daemon threads have ended: a daemon thread
+    still reading then got "fetch cancelled (event loop shut down)", and threading printed its
+    traceback at the end of a run that went well (webdataset exits silently)."""
+    async def drip(request):
+        response = web.StreamResponse(headers={"Content-Length": str(1 << 20)})
+        await response.prepare(request)
+        for _ in range(200):  # (bounded: 20 s at most)
+            await response.write(b"\0" * 512)
+            await asyncio.sleep(0.1)
+        return response
+
+    runner, url = serve_app(drip)
+    try:
+        done = subprocess.run([sys.executable, "-c", _DAEMON_CHILD, url.replace("x.bin", "slow.tar")],
+                              capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+    assert done.returncode == 0 and done.stdout == "main returns\n"
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr, done.stderr

@@ -25,7 +25,8 @@ from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Ty
 from .._base.cancel import runs_fetch_loop
 from .._base.workers import WorkerPool
 
-__all__ = ["add_shutdown_hook", "close_session", "get_loop", "get_session", "run_coroutine", "shutdown_loop"]
+__all__ = ["add_shutdown_hook", "close_session", "exiting", "get_loop", "get_session",
+           "interpreter_exit", "run_coroutine", "shutdown_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,19 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def interpreter_exit(message: str) -> SystemExit:
+    """The error for a transfer ended by the interpreter's exit. The loop is shut down at exit,
+    after every non-daemon thread has ended: only a daemon thread can still be reading then, and
+    a SystemExit (exactly: threading prints the traceback of any other error, its subclasses
+    included) ends it quietly."""
+    return SystemExit(message)
+
+
+def exiting() -> bool:
+    """Whether the interpreter's exit has shut the loop down."""
+    return _exiting
+
+
 _lock = threading.Lock()
 _current: Optional[_LoopThread] = None
 _sessions: Dict[asyncio.AbstractEventLoop, Any] = {}  # loop -> aiohttp.ClientSession
@@ -93,7 +107,7 @@ def get_loop() -> asyncio.AbstractEventLoop:
             _forget_parent_state()
         if _current is None:
             if _exiting:
-                raise RuntimeError("shardstream's event loop is shut down (interpreter exit)")
+                raise interpreter_exit("shardstream's event loop is shut down (interpreter exit)")
             _current = _LoopThread()
         return _current.loop
 

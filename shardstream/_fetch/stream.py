@@ -16,7 +16,8 @@ from typing import Any, Optional
 from .._base.cancel import Stopped, current_stop
 from .._base.counters import Counters
 from .._base.errors import FetchError
-from .loop import get_loop, run_coroutine
+from .._base.redact import redact_url
+from .loop import exiting, get_loop, interpreter_exit, run_coroutine
 from .options import FetchOptions, FetchStats, _stream_stats
 from .parts import Demand, demand
 from .registry import fetch_stream
@@ -35,6 +36,14 @@ class _Failure:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+def _cancelled(url: str) -> _Failure:
+    """What the consumer of a stream whose pump ended without an outcome gets (`finish` keeps the
+    pump's own outcome when it had one)."""
+    if exiting():  # (a daemon thread still reading at exit: it ends quietly, see interpreter_exit)
+        return _Failure(interpreter_exit(f"fetch of {redact_url(url)} cancelled: the interpreter is exiting"))
+    return _Failure(FetchError("fetch cancelled (event loop shut down)", url=url))
 
 
 class _Buffer:
@@ -170,9 +179,8 @@ class ChunkStream:
         self._future = run_coroutine(_pump(url, self.options, start, self._buffer, self.stats))
         # A pump that never ran or was cancelled by loop shutdown must not leave a consumer
         # waiting forever. (No bound method here: the loop must not keep this object alive.)
-        failure = _Failure(FetchError("fetch cancelled (event loop shut down)", url=url))
         buffer = self._buffer
-        self._future.add_done_callback(lambda _: buffer.finish(failure))
+        self._future.add_done_callback(lambda _: buffer.finish(_cancelled(url)))
 
     @property
     def size(self) -> Optional[int]:
