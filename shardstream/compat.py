@@ -7,7 +7,6 @@ and belongs to that class alone.
 
 from __future__ import annotations
 
-import multiprocessing
 import operator
 import os
 import random
@@ -384,11 +383,7 @@ class WebLoader(DataPipeline, FluidInterface):
         workers_epoch = None
         if self._stateful and kw.get("persistent_workers") and kw.get("num_workers", 0) > 0:
             # their copies of the dataset live as long as the loader: a set epoch reaches them here
-            context = kw.get("multiprocessing_context")
-            if isinstance(context, str):
-                context = multiprocessing.get_context(context)
-            workers_epoch = (context or multiprocessing).RawValue("q", -1)
-            dataset.share_epoch(workers_epoch)
+            workers_epoch = dataset.share_epoch()
         loader = DataLoader(*positional, **kw)
         if subprocess:
             loader = SubprocessLoader(loader, **(subprocess if isinstance(subprocess, dict) else {}))

@@ -30,6 +30,7 @@ from ._resume.states import (
 )
 from ._resume.equal_split import ITEM_SPLIT, SHARD_SPLIT, EqualSplit, check_history, is_shard
 from ._resume.statecheck import STATE_FORMAT, check_state, fingerprint
+from ._pipeline.epochcell import EpochCell
 from ._pipeline.passes import PipelineIterator
 from ._stages.contract import PipelineStage
 from ._shard.samples import TarShardSamples
@@ -118,6 +119,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         for stage in self.pipeline:
             if isinstance(stage, EpochAware) and stage is not self:
                 stage.set_epoch(epoch)
+        if not in_worker():  # (persistent DataLoader workers read it as their next pass starts)
+            self.share_epoch().value = epoch
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the most recent iterator is: {"epoch", "delivered", "position", "passes",
@@ -343,11 +346,14 @@ class DataPipeline(IterableDataset, PipelineStage):
         """`repetitions` passes; stops early when a pass yields nothing."""
         return PipelineIterator(self, self.repetitions, None)
 
-    def share_epoch(self, cell: Any) -> None:
+    def share_epoch(self) -> EpochCell:
         """Persistent DataLoader workers keep the copy of this pipeline they got when they started:
-        an epoch set later in the loader's process reaches them through `cell` (a shared integer,
-        -1 while none is set), read at the start of each of their passes."""
-        self._epoch_cell = cell
+        an epoch set later in the loader's process reaches them through a shared cell (-1 while
+        none is set), read at the start of each of their passes. Made by the first `set_epoch`
+        in the loader's process (so a plain DataLoader's persistent workers follow it), or here."""
+        if self._epoch_cell is None:
+            self._epoch_cell = EpochCell(-1 if self.epoch is None else self.epoch)
+        return self._epoch_cell
 
     def __iter__(self) -> Iterator[Any]:
         sender = self.__dict__.get("_sender_rank")

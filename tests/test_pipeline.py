@@ -72,3 +72,46 @@ def test_every_kind_of_stage(engine):
 def test_not_a_stage_names_it():
     with pytest.raises(ValueError, match="not a valid pipeline stage"):
         list(wds.DataPipeline([1, 2], 42))
+
+
+def _epoch_shards(tmp_path):
+    from shardsets import sample_members, write_tar
+
+    return [write_tar(str(tmp_path / f"e{n}.tar"), [m for i in range(n * 2, n * 2 + 2) for m in sample_members(i, exts=("cls",))])
+            for n in range(8)]
+
+
+def test_set_epoch_reaches_a_plain_dataloaders_persistent_workers(tmp_path):
+    """The README says a set epoch reaches DataLoader workers, persistent ones too; only
+    WebLoader shared it, so with torch's own DataLoader(persistent_workers=True) every epoch
+    had epoch 0's shard order (calling set_epoch was worse than not calling it)."""
+    import torch
+
+    urls = _epoch_shards(tmp_path)
+
+    def orders(persistent):
+        dataset = wds.WebDataset(urls, shardshuffle=100, seed=5).to_tuple("__key__")
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=persistent)
+        seen = []
+        for epoch in range(3):
+            dataset.set_epoch(epoch)
+            seen.append([key for key, in loader])
+        return seen
+
+    fresh, persistent = orders(False), orders(True)
+    assert persistent == fresh
+    assert len({tuple(order) for order in persistent}) == 3  # (each epoch its own order)
+
+
+def test_a_webloader_with_persistent_workers_copies_and_pickles(tmp_path):
+    """Its shared epoch cell (a RawValue) pickled only while a worker was being started:
+    copy.deepcopy or pickle of the loader failed ("cannot pickle 'mmap.mmap' object"), where
+    webdataset's loader copies. A copy now has a cell of its own, holding the same epoch."""
+    import copy
+    import pickle
+
+    loader = wds.WebLoader(wds.WebDataset(_epoch_shards(tmp_path), shardshuffle=False).to_tuple("__key__"),
+                           batch_size=None, num_workers=2, persistent_workers=True)
+    loader.set_epoch(3)
+    for duplicate in (copy.deepcopy(loader), pickle.loads(pickle.dumps(loader))):
+        assert sorted(key for key, in duplicate) == sorted(key for key, in loader)
