@@ -63,6 +63,34 @@ def _runs_elsewhere(source: Any) -> bool:
     return is_dataloader(source) or traits(source).other_processes
 
 
+def _process_switches() -> Dict[str, Any]:
+    """This process's switches that a pipeline's passes depend on: `allow_pipe`, `allow_pickle`,
+    `set_engine_defaults` and webdataset's `enforce_security`. A DataLoader worker started by
+    spawn or forkserver imports the package afresh and would run with the defaults (pipe: URLs
+    refused that the user allowed, engine settings lost): it takes them from the pipeline it is
+    sent, as a forked one inherits them."""
+    from ._base import security
+    from ._decode.basic import pickle_allowed
+    from ._fetch.open import pipe_allowed
+
+    return {"pipe": pipe_allowed(), "pickle": pickle_allowed(), "engine": engine_defaults(),
+            "secure": security.enforced()}
+
+
+def _set_process_switches(switches: Dict[str, Any]) -> None:
+    import dataclasses
+
+    from ._base import security
+    from ._decode.basic import allow_pickle
+    from ._engine.config import set_engine_defaults
+    from ._fetch.open import allow_pipe
+
+    allow_pipe(switches["pipe"])
+    allow_pickle(switches["pickle"])
+    set_engine_defaults(**dataclasses.asdict(switches["engine"]))
+    security.enforce(switches["secure"])
+
+
 class DataPipeline(IterableDataset, PipelineStage):
     """A pipeline: the first stage is a source, each later one maps an iterator to an iterator.
 
@@ -106,6 +134,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         # A DataLoader worker started by spawn or forkserver unpickles this outside the rank's
         # process group: it takes the rank from here (a forked one inherits the group itself).
         state["_sender_rank"] = distributed_rank()
+        state["_sender_switches"] = _process_switches()  # (the same for its process-wide switches)
         return state
 
     def set_epoch(self, epoch: int) -> None:
@@ -359,6 +388,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         sender = self.__dict__.get("_sender_rank")
         if sender is not None and in_worker():
             inherit_rank(sender)  # (see __getstate__)
+        switches = self.__dict__.get("_sender_switches")
+        if switches is not None and in_worker():
+            _set_process_switches(switches)
         cell = self._epoch_cell
         if cell is not None and cell.value >= 0 and cell.value != self.epoch:
             self.set_epoch(cell.value)  # (in a persistent worker: the epoch its loader was given)

@@ -1,6 +1,7 @@
 """DataPipeline accepts whatever webdataset accepts as a stage: torch IterableDatasets (subclassed
 by user code, as OpenCLIP's ResampledShards2 is), DataLoaders, lists, PipelineStages, callables."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -115,3 +116,31 @@ def test_a_webloader_with_persistent_workers_copies_and_pickles(tmp_path):
     loader.set_epoch(3)
     for duplicate in (copy.deepcopy(loader), pickle.loads(pickle.dumps(loader))):
         assert sorted(key for key, in duplicate) == sorted(key for key, in loader)
+
+
+_SWITCHES_CHILD = r"""
+import sys, torch
+import shardstream as wds
+
+wds.allow_pipe(True)
+wds.allow_pickle(True)
+ds = wds.WebDataset("pipe:cat " + sys.argv[1], shardshuffle=False).decode().to_tuple("pyd")
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+print([value for value, in loader])
+"""
+
+
+def test_process_switches_reach_workers_started_by_spawn(tmp_path):
+    """`allow_pipe(True)` and `allow_pickle(True)` (and the engine defaults, and webdataset's
+    enforce_security) are process-wide: a spawned or forkserver DataLoader worker imports the
+    package afresh and refused the pipe: URL its parent allowed. It takes them from the pipeline."""
+    import pickle
+
+    from shardsets import write_tar
+
+    path = write_tar(str(tmp_path / "p.tar"), [(f"s{i}.pyd", pickle.dumps({"i": i})) for i in range(3)])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", _SWITCHES_CHILD, path], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[{'i': 0}, {'i': 1}, {'i': 2}]"
