@@ -97,3 +97,20 @@ def test_resampled_shards_draw_from_listed_folders_and_globs_by_source(folder, t
 def test_file_urls_list_as_their_paths_do(folder):
     assert wds.SimpleShardList(f"file://{folder}/").urls == wds.SimpleShardList(folder + "/").urls
     assert wds.SimpleShardList(f"file://{folder}/train-*.tar").urls == wds.SimpleShardList(folder + "/train-*.tar").urls
+
+
+def test_exact_resampled_draws_count_their_shards_once_not_every_pass(folder, monkeypatch):
+    """mix="exact" looked up every shard's count again on every pass (5 s of CPU per pass for a
+    million shards, and sizes.json asked for again from a remote origin)."""
+    import shardstream.shardlists as shardlists
+
+    looked_up = []
+    counts = shardlists.known_counts
+    monkeypatch.setattr(shardlists, "known_counts", lambda urls: looked_up.append(len(urls)) or counts(urls))
+    shards = wds.ResampledShards(f"{folder}/train-*.tar", seed=0, deterministic=True, weights=[1], mix="exact",
+                                 nshards=5)
+    passes = []
+    for epoch in range(3):
+        shards.set_epoch(epoch)
+        passes.append([d["url"] for d in shards])
+    assert looked_up == [3] and all(len(urls) == 5 for urls in passes)

@@ -1180,3 +1180,19 @@ def test_an_unseeded_shard_order_resumes_inexactly_but_never_fails(uneven_shards
         with pytest.warns(UserWarning, match="unseeded"):
             resumed.load_state_dict(state)
         assert len(head) + len(list(resumed)) == total
+
+
+def test_state_dict_hashes_the_shard_list_once(monkeypatch):
+    """Every state_dict() hashed every URL again for the fingerprint: half a second of CPU for
+    a million shards, at every checkpoint. The digest is kept for the list."""
+    import shardstream._resume.statecheck as statecheck
+
+    urls = [f"https://127.0.0.1:1/s-{i:05d}.tar" for i in range(2000)]
+    dataset = wds.WebDataset(urls, shardshuffle=False)
+    hashed = []
+    monkeypatch.setattr(statecheck, "without_query", lambda url: hashed.append(url) or url)
+    first = dataset.state_dict()
+    assert len(hashed) == len(urls)
+    assert dataset.state_dict()["fingerprint"] == first["fingerprint"] and len(hashed) == len(urls)
+    dataset.pipeline[0].urls = urls[:-1]  # (another list: hashed again)
+    assert dataset.state_dict()["fingerprint"] != first["fingerprint"]
