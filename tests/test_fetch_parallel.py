@@ -153,11 +153,6 @@ def test_many_parts_with_small_chunks(shared_server, files):
 
 
 def test_parallel_parts_beat_the_per_connection_cap(server, files):
-    # (what an earlier test's server on the same port taught the origin's tuning would size the
-    # parts instead of part_size: a fast one's made the file a single part, and 4 parts no faster)
-    from shardstream._fetch import parts
-
-    parts._tunings.clear()
     server.options.latency_ms, server.options.bandwidth = 20, 2e6
     data, url = files[1]["four.bin"], server.url("four.bin")
     timings = {}

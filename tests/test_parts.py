@@ -410,3 +410,32 @@ def test_a_slow_reader_keeps_a_small_window_a_fast_one_widens_it(tmp_path, budge
     # its window + the stream's buffer (256 KiB) + the part arriving + a chunk
     assert lead <= 9 * mib, f"the server ran {lead / mib:.1f} MiB ahead of an 8 MB/s reader"
     assert True in starved and fast_window >= 2 * slow_window  # the fast reader widened its window
+
+
+def test_a_server_that_ignores_range_gives_the_budget_back(tmp_path, budget):
+    """A shard's first part is granted its bytes before the response says the server sends no
+    ranges; the stream then reads over one connection, and those bytes stayed used for ever. Each
+    pass over such a server took ~6 MiB of the process's 64 MiB: after a few, every later
+    download in the process, from any server, waited for budget and lost its parallel parts."""
+    import os
+
+    from aiohttp import web
+    from looptools import serve_app
+    from shardsets import tar_bytes
+
+    import shardstream as wds
+
+    shards = [tar_bytes([(f"s{i}-{n:02d}.bin", os.urandom(24 * KIB)) for n in range(20)]) for i in range(4)]
+
+    async def handle(request):  # (no Range, no ETag)
+        return web.Response(body=shards[int(request.match_info["path"].split(".")[0])])
+
+    runner, url = serve_app(handle)
+    base = url.rsplit("/", 1)[0]
+    try:
+        for _ in range(2):
+            samples = list(wds.WebDataset([f"{base}/{i}.tar" for i in range(4)], shardshuffle=False))
+            assert len(samples) == 80
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+    assert parts._budget is not None and parts._budget.used == 0

@@ -540,6 +540,7 @@ async def parallel_stream(
             first.task.cancel()
             await asyncio.gather(first.task, return_exceptions=True)
             window.clear()
+            budget.release(first)  # (granted before the size came: its bytes would stay used for ever)
             budget.sized(reading, start)  # it holds no budget: the streams after it need not wait for it
             single = ranged(url, options=options, start=start)
             try:
