@@ -10,10 +10,12 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import multiprocessing
 import operator
 import sys
 import warnings
 import weakref
+from multiprocessing.context import get_spawning_popen
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._engine.config import EngineConfig, engine_defaults
@@ -64,16 +66,17 @@ def _runs_elsewhere(source: Any) -> bool:
 
 
 def _process_switches() -> Dict[str, Any]:
-    """This process's switches that a pipeline's passes depend on: `allow_pipe`, `allow_pickle`,
-    `set_engine_defaults` and webdataset's `enforce_security`. A DataLoader worker started by
-    spawn or forkserver imports the package afresh and would run with the defaults (pipe: URLs
-    refused that the user allowed, engine settings lost): it takes them from the pipeline it is
-    sent, as a forked one inherits them."""
+    """The switches a pipeline's passes depend on that this process set itself: `allow_pipe`,
+    `allow_pickle` (process-wide, not a decoder's own), `set_engine_defaults` and webdataset's
+    `enforce_security`. A DataLoader worker started by spawn or forkserver imports the package
+    afresh and would run with the defaults (pipe: URLs refused that the user allowed, engine
+    settings lost): it takes them from the pipeline it is sent, as it is unpickled (before its
+    worker_init_fn), as a forked one inherits them. Only the start of such a worker sends them."""
     from ._base import security
-    from ._decode.basic import pickle_allowed
-    from ._fetch.open import pipe_allowed
+    from ._decode import basic
+    from ._fetch import open as opening
 
-    return {"pipe": pipe_allowed(), "pickle": pickle_allowed(), "engine": engine_defaults(),
+    return {"pipe": opening._pipe_switch, "pickle": basic._pickle_switch, "engine": engine_defaults(),
             "secure": security.enforced()}
 
 
@@ -85,10 +88,13 @@ def _set_process_switches(switches: Dict[str, Any]) -> None:
     from ._engine.config import set_engine_defaults
     from ._fetch.open import allow_pipe
 
-    allow_pipe(switches["pipe"])
-    allow_pickle(switches["pickle"])
+    if switches["pipe"] is not None:  # (None: the environment decides, in the worker as here)
+        allow_pipe(switches["pipe"])
+    if switches["pickle"] is not None:
+        allow_pickle(switches["pickle"])
     set_engine_defaults(**dataclasses.asdict(switches["engine"]))
-    security.enforce(switches["secure"])
+    if switches["secure"]:  # (never turned off: a worker's own WDS_SECURE stands)
+        security.enforce(True)
 
 
 class DataPipeline(IterableDataset, PipelineStage):
@@ -134,8 +140,15 @@ class DataPipeline(IterableDataset, PipelineStage):
         # A DataLoader worker started by spawn or forkserver unpickles this outside the rank's
         # process group: it takes the rank from here (a forked one inherits the group itself).
         state["_sender_rank"] = distributed_rank()
-        state["_sender_switches"] = _process_switches()  # (the same for its process-wide switches)
+        if get_spawning_popen() is not None:  # (a spawn or forkserver worker being started: see _process_switches)
+            state["_sender_switches"] = _process_switches()
         return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        switches = state.pop("_sender_switches", None)
+        self.__dict__.update(state)
+        if switches is not None and getattr(multiprocessing.current_process(), "_inheriting", False):
+            _set_process_switches(switches)  # (before the worker's worker_init_fn, which may change them)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch for shard order and seeded shuffles (passed to every stage that has
@@ -249,7 +262,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def layout(self, num_workers: int) -> Dict[str, Any]:
         """Where this process stands (rank, world size, workers, how split_by_node splits), for states."""
         split = self._equal_split()
-        rank, world, _worker, _workers = pytorch_worker_info(group=split.group if split is not None else None)
+        rank, world, _worker, _workers = split._layout() if split is not None else pytorch_worker_info()
         layout: Dict[str, Any] = {"rank": rank, "world_size": world, "num_workers": num_workers}
         if split is not None:
             if split.mode is None:
@@ -388,11 +401,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         sender = self.__dict__.get("_sender_rank")
         if sender is not None and in_worker():
             inherit_rank(sender)  # (see __getstate__)
-        switches = self.__dict__.get("_sender_switches")
-        if switches is not None and in_worker():
-            _set_process_switches(switches)
         cell = self._epoch_cell
-        if cell is not None and cell.value >= 0 and cell.value != self.epoch:
+        if cell is not None and in_worker() and cell.value >= 0 and cell.value != self.epoch:
             self.set_epoch(cell.value)  # (in a persistent worker: the epoch its loader was given)
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
         worker, _workers = worker_info()

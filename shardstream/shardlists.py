@@ -228,8 +228,8 @@ class ResampledShards(IterableDataset):
         seed = int(self.seed) if self.deterministic else utils.make_seed(os.getpid(), time.time_ns(), os.urandom(4))
         weights = self.weights if self.weights is not None else [1.0] * len(self.urls)
         counts = self.__dict__.get("_exact_counts")
-        if counts is None or counts[0] != (id(self.urls), len(self.urls)):  # (looked up once, not every pass)
-            counts = self._exact_counts = ((id(self.urls), len(self.urls)), known_counts(self.urls))
+        if counts is None or counts[0] != tuple(self.urls):  # (looked up once for a list, not every pass)
+            counts = self._exact_counts = (tuple(self.urls), known_counts(self.urls))
         shards = [Shard(url, count, weight, source)
                   for url, count, weight, source in zip(self.urls, counts[1], weights, self.sources)]
         draws = ShardScheduler(shards, SchedulerConfig(seed=seed, mode="resampled")).iter_exact(self.epoch, rank, worker)

@@ -144,3 +144,30 @@ def test_process_switches_reach_workers_started_by_spawn(tmp_path):
                           env=dict(os.environ, PYTHONPATH=root))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[{'i': 0}, {'i': 1}, {'i': 2}]"
+
+
+def test_switches_set_after_the_dataset_is_built_hold_in_forked_workers(tmp_path, monkeypatch):
+    """The first version sent the switches with every copy of a pipeline (each fluid call copies
+    it) and applied them in every worker: a forked worker ran with the values of when the dataset
+    was built, so `allow_pipe(True)` called afterwards was undone there, and an `enforce_security`
+    turned on afterwards was turned off. Only a spawn or forkserver worker's start sends them."""
+    import torch
+
+    from shardsets import write_tar
+    from shardstream._base import security
+    from shardstream._fetch import open as opening
+
+    monkeypatch.setattr(opening, "_pipe_switch", None)
+    monkeypatch.setattr(security, "_enforced", False)
+    path = write_tar(str(tmp_path / "f.tar"), [(f"s{i}.txt", b"x") for i in range(3)])
+    dataset = wds.WebDataset("pipe:cat " + path, shardshuffle=False).to_tuple("__key__").map(tuple)
+    wds.allow_pipe(True)
+
+    def keys():
+        return [key for key, in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1,
+                                                            multiprocessing_context="fork")]
+
+    assert keys() == ["s0", "s1", "s2"]
+    security.enforce(True)
+    with pytest.raises(Exception, match="pipe"):
+        keys()

@@ -73,11 +73,14 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def interpreter_exit(message: str) -> SystemExit:
+def interpreter_exit(message: str) -> BaseException:
     """The error for a transfer ended by the interpreter's exit. The loop is shut down at exit,
-    after every non-daemon thread has ended: only a daemon thread can still be reading then, and
-    a SystemExit (exactly: threading prints the traceback of any other error, its subclasses
-    included) ends it quietly."""
+    after every non-daemon thread has ended: a thread other than the main one still reading then
+    is a daemon, and a SystemExit (exactly: threading prints the traceback of any other error, its
+    subclasses included) ends it quietly. The main thread (an atexit handler of the user's) gets
+    a RuntimeError, which its own `except Exception` can handle."""
+    if threading.current_thread() is threading.main_thread():
+        return RuntimeError(message)
     return SystemExit(message)
 
 

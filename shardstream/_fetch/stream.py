@@ -16,7 +16,6 @@ from typing import Any, Optional
 from .._base.cancel import Stopped, current_stop
 from .._base.counters import Counters
 from .._base.errors import FetchError
-from .._base.redact import redact_url
 from .loop import exiting, get_loop, interpreter_exit, run_coroutine
 from .options import FetchOptions, FetchStats, _stream_stats
 from .parts import Demand, demand
@@ -32,17 +31,17 @@ _STOP_POLL_S = 0.1  # how often a wait for the network looks at its thread's sto
 
 
 class _Failure:
-    __slots__ = ("exc",)
+    __slots__ = ("exc", "at_exit")
 
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+    def __init__(self, exc: BaseException, at_exit: bool = False) -> None:
+        self.exc, self.at_exit = exc, at_exit
 
 
 def _cancelled(url: str) -> _Failure:
     """What the consumer of a stream whose pump ended without an outcome gets (`finish` keeps the
     pump's own outcome when it had one)."""
-    if exiting():  # (a daemon thread still reading at exit: it ends quietly, see interpreter_exit)
-        return _Failure(interpreter_exit(f"fetch of {redact_url(url)} cancelled: the interpreter is exiting"))
+    if exiting():  # (what the reading thread gets is decided in it: see interpreter_exit)
+        return _Failure(FetchError("fetch cancelled: the interpreter is exiting", url=url), at_exit=True)
     return _Failure(FetchError("fetch cancelled (event loop shut down)", url=url))
 
 
@@ -215,6 +214,8 @@ class ChunkStream:
             return item
         if item is _END:
             raise StopIteration
+        if item.at_exit:
+            raise interpreter_exit(str(item.exc)) from None
         raise item.exc
 
     def close(self, timeout: Optional[float] = 5.0) -> None:

@@ -47,7 +47,7 @@ def _shards(source: Any) -> Dict[str, Any]:
         return {"source": type(source).__name__}
     # Kept on the source for its list: every state_dict() hashed every URL again (half a second
     # for a million shards, at every checkpoint).
-    key = (id(urls), len(urls), urls[0] if urls else None, urls[-1] if urls else None)
+    key = tuple(urls)  # (a copy: an edit in place is another list; comparing same strings is cheap)
     kept = getattr(source, "_shards_digest", None)
     if kept is not None and kept[0] == key:
         return dict(kept[1])
