@@ -73,11 +73,10 @@ def _process_switches() -> Dict[str, Any]:
     settings lost): it takes them from the pipeline it is sent, as it is unpickled (before its
     worker_init_fn), as a forked one inherits them. Only the start of such a worker sends them."""
     from ._base import security
-    from ._decode import basic
-    from ._fetch import open as opening
+    from ._decode.basic import pickle_switch
+    from ._fetch.open import pipe_switch
 
-    return {"pipe": opening._pipe_switch, "pickle": basic._pickle_switch, "engine": engine_defaults(),
-            "secure": security.enforced()}
+    return {"pipe": pipe_switch(), "pickle": pickle_switch(), "engine": engine_defaults(), "secure": security.enforced()}
 
 
 def _set_process_switches(switches: Dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "npz_loads",
     "pickle_allowed",
     "pickle_setting",
+    "pickle_switch",
     "pytorch_weights_only",
     "tenbin_loads",
     "torch_loads",
@@ -63,6 +64,12 @@ def allow_pickle(enabled: Optional[bool] = True) -> Optional[bool]:
     global _pickle_switch
     previous, _pickle_switch = _pickle_switch, enabled
     return previous
+
+
+def pickle_switch() -> Optional[bool]:
+    """What allow_pickle() set in this process (None: never called, or reset: the environment
+    decides); a Decoder's own setting is not in it."""
+    return _pickle_switch
 
 
 def pickle_allowed() -> bool:

@@ -17,7 +17,7 @@ from .._base.errors import FetchError, ShardNotFound, ShardStreamError, UsageErr
 from .._base.redact import redact
 from .._base.security import enforced
 
-__all__ = ["allow_pipe", "iter_chunks", "local_path_of", "open_fsspec", "open_url", "open_writable", "pipe_allowed",
+__all__ = ["allow_pipe", "pipe_switch", "iter_chunks", "local_path_of", "open_fsspec", "open_url", "open_writable", "pipe_allowed",
            "use_gopen_schemes", "user_opener"]
 
 CHUNK_SIZE = 1 << 20
@@ -31,6 +31,11 @@ def allow_pipe(enabled: bool = True) -> None:
     global _pipe_switch
     with _switch_lock:
         _pipe_switch = bool(enabled)
+
+
+def pipe_switch() -> Optional[bool]:
+    """What allow_pipe() set in this process (None: never called, the environment decides)."""
+    return _pipe_switch
 
 
 def pipe_allowed(override: Optional[bool] = None) -> bool:
