@@ -1196,3 +1196,63 @@ def test_state_dict_hashes_the_shard_list_once(monkeypatch):
     assert dataset.state_dict()["fingerprint"] == first["fingerprint"] and len(hashed) == len(urls)
     dataset.pipeline[0].urls = urls[:-1]  # (another list: hashed again)
     assert dataset.state_dict()["fingerprint"] != first["fingerprint"]
+
+
+@pytest.fixture(scope="module")
+def served_big_shards(tmp_path_factory):
+    """Six shards of 60 samples (with a 2 KB payload each) and sizes.json, over HTTP."""
+    from shardstream._shard.index import write_sizes
+
+    root = tmp_path_factory.mktemp("served")
+    names = []
+    for n in range(6):
+        members = [m for i in range(60 * n, 60 * n + 60) for m in sample_members(i, exts=("cls",))]
+        members += [(f"s{i:04d}.bin", os.urandom(2048)) for i in range(60 * n, 60 * n + 60)]
+        members.sort(key=lambda m: m[0])
+        write_tar(str(root / f"big-{n}.tar"), members)
+        names.append(f"big-{n}.tar")
+    write_sizes(str(root / "sizes.json"), dict.fromkeys(names, 60))
+    with ShardServer(str(root)) as server:
+        yield server, names, sum(os.path.getsize(root / name) for name in names)
+
+
+def test_elastic_resume_after_a_seeded_shuffle_reads_each_shard_once(monkeypatch, served_big_shards):
+    """The samples a shuffle buffer held at the checkpoint are holes scattered over the shards a
+    worker was reading: the resumed worker reads each such shard once, in one request, not once
+    per hole from its first byte (a 64x8 -> 48x8 resume read 100x the dataset)."""
+    server, names, total = served_big_shards
+    urls = [server.url(name) for name in names]
+
+    def build(workers):
+        ds = wds.WebDataset(urls, shardshuffle=100, seed=3, nodesplitter=wds.split_by_node)
+        return wds.WebLoader(ds.shuffle(40).to_tuple("__key__").batched(4), batch_size=None, num_workers=workers)
+
+    before, states = _run_ranks(monkeypatch, 2, 1, build, take=lambda rank: 20)  # 80 of each rank's 180
+    server.stats.reset()
+    after, _ = _run_ranks(monkeypatch, 3, 1, build, load=states)
+    delivered = [k for rank in before + after for k in rank]
+    assert len(delivered) == len(set(delivered)) == 360 - 200 % 3  # (the remainder is dropped)
+    fetches = server.stats.fetches
+    # each new rank's part starts and may end inside a shard, so a shard is read by at most two
+    assert all(fetches[name] <= 2 for name in names), fetches
+    assert server.stats.bytes_sent <= 1.5 * total
+
+
+@pytest.mark.parametrize("over", ["file", "http"])
+def test_ranges_of_one_shard_in_a_row_read_on_and_resume_exactly(uneven_shards, over):
+    """Shard-list items that are later ranges of the shard before them are read on one stream
+    (the samples between are skipped); a checkpoint inside such a run still resumes exactly."""
+    root = os.path.dirname(uneven_shards[1])
+    with ShardServer(root) as server:
+        url = uneven_shards[1] if over == "file" else server.url(os.path.basename(uneven_shards[1]))
+        ranges = [(0, 3), (5, 6), (6, 9), (20, 21), (30, 40)]  # a shard of 40 samples
+        items = [{"url": url, "start": a, "stop": b} for a, b in ranges] + [{"url": uneven_shards[2], "start": 2, "stop": 4}]
+
+        def build():
+            return wds.DataPipeline(lambda: iter(items), wds.tarfile_to_samples(), wds.to_tuple("__key__"))
+
+        expected = [f"s{5 + i:04d}" for a, b in ranges for i in range(a, b)] + ["s0047", "s0048"]
+        assert [k for (k,) in build()] == expected
+        if over == "http":
+            assert server.stats.fetches[os.path.basename(uneven_shards[1])] == 1
+        check_resume(build, checkpoints=(0, 2, 3, 4, 9, 10, 14, 16), seeks=True)

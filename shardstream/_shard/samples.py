@@ -53,13 +53,16 @@ def shard_samples(
     limit: Optional[int] = None,
     cursor: Optional["ShardCursor"] = None,
     ends_shard: bool = False,
+    read_on: Optional[Callable[[], Optional[Tuple[int, Optional[int], bool]]]] = None,
 ) -> Iterator[Dict[str, Any]]:
     """Yield the samples of one shard, given its members in batches (see `_shard.members`).
 
     `skip` samples are dropped first and at most `limit` are yielded (a shard range; with
     `ends_shard`, a count says the range ends where the shard does, and another sample after it
-    is a FormatError: the count is stale, and its samples would be lost). A `cursor` is advanced
-    before each yield: samples read, and the byte offset where the next one starts.
+    is a FormatError: the count is stale, and its samples would be lost). When the range is
+    done, `read_on()` may give the next range of the same shard, after it, as (samples to skip
+    first, limit, ends_shard): the stream reads on instead of being opened again. A `cursor` is
+    advanced before each yield: samples read, and the byte offset where the next one starts.
 
     Consecutive members with the same key form a sample; samples never span shards. A format or
     fetch error propagates (the caller's handler decides about the shard); the sample being
@@ -112,7 +115,10 @@ def shard_samples(
                                             "the shard holds more samples than its sample count (sizes.json or .idx) "
                                             "says: the count is stale (run `shardstream index` on it again)",
                                             url=url, member=name, offset=offset)
-                                    return
+                                    following = read_on() if read_on is not None else None
+                                    if following is None:
+                                        return
+                                    skip, limit, ends_shard = following
                     current_key = key
                     current = {"__key__": key, "__url__": url}
                     # (a member named like a field we set, `a.__key__`, is a duplicate)
@@ -219,6 +225,11 @@ class ShardCursor:
 
     def start(self, item: int, sample: int = 0) -> None:
         self.item, self.sample, self.info = item, sample, {}
+
+    def read_on(self, item: int) -> None:
+        """Item `item` continues the shard the cursor is in, on the same stream (the position
+        already says the item before it is finished)."""
+        self.item, self.sample = item, 0
 
     def advance(self, offset: Optional[int], last: bool) -> None:
         self.sample += 1
@@ -334,7 +345,7 @@ class TarShardSamples(PipelineStage):
     def _shard(
         self, url: str, local_path: Optional[str], start: int = 0, stop: Optional[int] = None,
         ready: Optional[ChunkStream] = None, cursor: Optional[ShardCursor] = None, offset: Optional[int] = None,
-        ends_shard: bool = False,
+        ends_shard: bool = False, read_on: Optional[Callable[[], Optional[Tuple[int, Optional[int], bool]]]] = None,
     ) -> Iterator[Dict[str, Any]]:
         """The samples [start, stop) of one shard. To start mid-shard it seeks to `offset` (the
         byte offset of sample `start`, from a resume position) or to the offset in an `.idx`
@@ -361,12 +372,18 @@ class TarShardSamples(PipelineStage):
             limit=None if stop is None else stop - start,
             cursor=cursor,
             ends_shard=ends_shard,
+            read_on=read_on,
         )
         try:
             yield from samples
         finally:
             samples.close()  # type: ignore[attr-defined]  # generators
             batches.close()  # type: ignore[attr-defined]
+
+    def _ends_shard(self, item: Any, stop: Optional[int]) -> bool:
+        """Whether the range of `item` ends where its shard's sample count says the shard does."""
+        counted = item.get("counted") if isinstance(item, dict) else None
+        return counted is not None and stop == counted and self._counts_samples()
 
     def _counts_samples(self) -> bool:
         """Whether this reader sees every sample a count counts (member filters may drop some)."""
@@ -448,11 +465,34 @@ class TarShardSamples(PipelineStage):
                     start += resume_sample
                     offset = resume_offset
                 cursor.start(index, start - shard_range(item)[0])
-                count = told = 0  # samples handed out of this shard; of them, counted in the stats
+                count = told = 0  # samples handed out of this item; of them, counted in the stats
+
+                def read_on() -> Optional[Tuple[int, Optional[int], bool]]:
+                    # The item is done. When the next one is a later range of the same shard (an
+                    # elastic resume after a shuffle buffer gives one range per hole), read on in
+                    # this stream past the samples between: not a new stream from the shard's
+                    # first byte for every range.
+                    nonlocal index, item, start, stop, count, told
+                    if stop is None:
+                        return None
+                    if not ahead:
+                        fill()
+                    if not ahead:
+                        return None
+                    following, (next_start, next_stop) = ahead[0][1], shard_range(ahead[0][1])
+                    if (ahead[0][2] is not None or source_url(following, False)[0] != url or next_start < stop
+                            or (next_stop is not None and next_stop <= next_start)):
+                        return None
+                    self.source_stats.add(samples=count - told, shards=1)
+                    gap = next_start - stop
+                    index, item, _ready = ahead.popleft()
+                    start, stop, count, told = next_start, next_stop, 0, 0
+                    cursor.read_on(index)
+                    return gap, None if stop is None else stop - start, self._ends_shard(item, stop)
+
                 try:
-                    counted = item.get("counted") if isinstance(item, dict) else None
-                    ends_shard = counted is not None and stop == counted and self._counts_samples()
-                    for sample in self._shard(url, local_path, start, stop, ready, cursor, offset, ends_shard):
+                    ends_shard = self._ends_shard(item, stop)
+                    for sample in self._shard(url, local_path, start, stop, ready, cursor, offset, ends_shard, read_on):
                         count += 1
                         if not count & 31:  # (the stats count as the pass goes, 32 at a time)
                             self.source_stats.add(samples=count - told)
