@@ -26,6 +26,7 @@ from ._plan.ranks import distributed_rank, inherit_rank, pytorch_worker_info
 from ._resume.states import (
     choose_state,
     replay_offsets,
+    shared_history,
     unseeded_stages,
     worker_passes,
     worker_view,
@@ -304,7 +305,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             raise UsageError("resuming on another world size or worker count needs split_by_node (the equal-work splitter)")
         self._pivot_replay()  # raises when the pipeline's order cannot be recomputed
         check_history(history)
-        return {"epoch": history[0].get("epoch"), "split": list(history), "delivered": 0, "position": None,
+        return {"epoch": history[0].get("epoch"), "split": shared_history(history), "delivered": 0, "position": None,
                 "per_worker": {}, "positions": {}}
 
     def _pivot_replay(self) -> Optional[Callable[..., List[int]]]:

@@ -89,6 +89,27 @@ def test_elastic_resume_on_fewer_ranks(uneven_shards, tmp_path):
     assert len(keys) == len(set(keys)) == sum(SIZES)
 
 
+@pytest.mark.timeout(400)
+def test_chained_elastic_resumes_share_one_history(uneven_shards, tmp_path):
+    """2 ranks -> 1 -> 2 -> 1 in one epoch, states gathered over gloo and saved as JSON each
+    time: every sample once, and the gathered states of a resumed run share the history they
+    resumed from (it was one copy per rank, nested per resume: O(ranks^2) at 1024 -> 768)."""
+    state, keys = None, []
+    for step, (nproc, stop) in enumerate([(2, 3), (1, 2), (2, 1), (1, None)]):
+        extra = ["--elastic"] + (["--stop-after", str(stop)] if stop else [])
+        if state is not None:
+            (tmp_path / f"state{step}.json").write_text(json.dumps(state))
+            extra += ["--resume", str(tmp_path / f"state{step}.json")]
+        ranks = _torchrun(tmp_path / f"run{step}", uneven_shards, *extra, nproc=nproc)
+        keys += [k for r in ranks for k in r["keys"]]
+        if stop:
+            state = ranks[0]["state"]
+            assert len(state) == nproc and ranks[0]["state"] == ranks[-1]["state"]
+        if step == 2:  # two ranks of a resumed run: one history between them
+            assert ranks[0]["shared_split"] and ranks[0]["all_pickled"] < 1.3 * ranks[0]["one_pickled"]
+    assert len(keys) == len(set(keys)) == sum(SIZES)  # (what is left divides evenly at every step)
+
+
 @pytest.mark.timeout(300)
 def test_subprocess_loader_per_rank(uneven_shards, tmp_path):
     """One helper process per rank (WebLoader(subprocess=True)): equal batch counts, disjoint

@@ -10,7 +10,9 @@ per-worker progress of either kind of saved state.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -19,7 +21,8 @@ from .._plan.ranks import simulated_layout
 from .._stages.contract import PipelineStage, StreamStage
 from .._stages.resumable import EpochAware, traits
 
-__all__ = ["choose_state", "gather_states", "replay_offsets", "unseeded_stages", "worker_passes", "worker_view"]
+__all__ = ["choose_state", "gather_states", "replay_offsets", "shared_history", "unseeded_stages", "worker_passes",
+           "worker_view"]
 
 
 def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -40,13 +43,43 @@ def choose_state(state: Any, layout: Dict[str, int]) -> Tuple[Optional[Dict[str,
 def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, Any]]:
     """Every rank's loader state, gathered with torch.distributed (a collective: call it on all
     ranks at the same step); [state] when not distributed. Save the list to resume on any
-    world size or worker count."""
+    world size or worker count.
+
+    In an epoch resumed on another layout every rank's state holds the same "split" (every old
+    rank's state): it is sent as a digest and the states share this rank's copy, so what the
+    ranks send and hold is one history, not one per rank (pickle, as torch.save uses, then
+    writes it once; JSON writes it per rank)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return [state]
     result: List[Any] = [None] * dist.get_world_size(group=group)
-    dist.all_gather_object(result, state, group=group)
-    return result
+    split = state.get("split")
+    if not split:
+        dist.all_gather_object(result, state, group=group)
+        return result
+    digest = _digest(split)
+    dist.all_gather_object(result, dict(state, split=digest), group=group)
+    if any(other.get("split") not in (digest, None) for other in result):  # (states of another run: the same on
+        dist.all_gather_object(result, state, group=group)  # every rank, so all send their whole states again)
+        return result
+    return [dict(other, split=split) if other.get("split") == digest else other for other in result]
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+    return "split:" + hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def shared_history(history: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The states, their equal "split" histories made one object (a list loaded from JSON holds
+    one copy per rank; chained resumes would nest them: O(ranks^2) in memory and in the next
+    state saved)."""
+    if not history:
+        return history
+    first = history[0].get("split")
+    if first:
+        first = shared_history(first)  # (and theirs, for resumes chained further back)
+    return [dict(state, split=first) if state.get("split") == first else state for state in history]
 
 
 def replay_offsets(stage: Any, epoch: int, rank: int, world: int, worker: int, workers: int,

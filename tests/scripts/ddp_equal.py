@@ -11,6 +11,7 @@ another number of ranks. --subprocess: each rank's loader runs in one helper pro
 import argparse
 import json
 import os
+import pickle
 import warnings
 
 import torch
@@ -58,10 +59,15 @@ def main():
         if args.stop_after is not None and batches == args.stop_after:
             break
     state = loader.state_dict() if args.stop_after is not None else None
+    gathered = {}
     if state is not None and args.elastic:
+        one = len(pickle.dumps(state))
         state = wds.gather_states(state)  # a collective: every rank's state, on every rank
+        # after an elastic resume every state holds the same history: gathered, they share one
+        gathered = {"one_pickled": one, "all_pickled": len(pickle.dumps(state)),
+                    "shared_split": all(s["split"] is state[0]["split"] for s in state)}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "world": world, "batches": batches, "keys": keys, "state": state}, f)
+        json.dump({"rank": rank, "world": world, "batches": batches, "keys": keys, "state": state, **gathered}, f)
     dist.barrier()
     dist.destroy_process_group()
 
