@@ -417,3 +417,29 @@ def test_a_splitter_given_a_process_group_goes_to_spawned_workers(tmp_path):
                           timeout=120, env=dict(os.environ, PYTHONPATH=root))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == str([f"s{i:04d}" for i in range(20)])
+
+
+def test_the_plan_over_a_shard_list_is_made_once_and_follows_a_changed_list(monkeypatch, files):
+    """Over a million shards the scheduler costs seconds to make: a loader's main process makes
+    it (its forked workers inherit it) and later passes over the same list keep it; a list
+    that changes between passes gets its own plan."""
+    made = []
+    real = split_module.ShardScheduler
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(split_module, "ShardScheduler", counting)
+    _layout(monkeypatch, 1, 2)
+    paths = [os.path.join(files[0], f"part-{n}.tar") for n in range(len(SIZES))]
+    shards = list(paths)
+    dataset = wds.DataPipeline(lambda: iter(list(shards)), wds.EqualSplit(shuffle=False), wds.tarfile_to_samples())
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert len(_keys(loader)) == 24
+    assert len(made) == 1  # made in this process, before the workers were forked
+    shards[:] = paths[:4]  # 28 samples
+    assert len(_keys(loader)) == 14
+    assert len(made) == 2

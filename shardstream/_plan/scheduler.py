@@ -85,6 +85,8 @@ class ShardScheduler:
         self.shards: Tuple[Shard, ...] = tuple(shards)
         self.config = config if config is not None else SchedulerConfig()
         self._orders: Dict[int, Tuple[List[int], List[int]]] = {}
+        self._samples = [s.samples or 0 for s in self.shards]
+        self._urls = [s.url for s in self.shards]
         weights = [s.weight for s in self.shards]
         self._cum_weights = list(itertools.accumulate(weights))
         if self.config.mode == "resampled" and not (self._cum_weights and self._cum_weights[-1] > 0):
@@ -121,7 +123,7 @@ class ShardScheduler:
             if self.config.shuffle:
                 _rng("split", self.config.seed, epoch).shuffle(order)
             # starts[k] = position of the first sample of the k-th shard in the epoch sequence.
-            starts = [0, *itertools.accumulate(self.shards[i].samples or 0 for i in order)]
+            starts = [0, *itertools.accumulate(map(self._samples.__getitem__, order))]
             if len(self._orders) >= 4:  # a few epochs (current, next) are enough
                 self._orders.pop(next(iter(self._orders)))
             self._orders[epoch] = (order, starts)
@@ -137,20 +139,31 @@ class ShardScheduler:
         total = starts[-1]
         result: List[Slice] = []
         for lo, hi in ranges:
-            position = lo
-            while position < hi:
-                q = position % total
-                k = bisect.bisect_right(starts, q) - 1  # skips empty shards: they start where the next does
-                count = min(hi - position, starts[k + 1] - q)
-                index = order[k]
-                start = q - starts[k]
-                last = result[-1] if result else None
-                if last is not None and last.shard_index == index and last.stop == start:
-                    result[-1] = dataclasses.replace(last, stop=start + count)
-                else:
-                    result.append(Slice(self.shards[index].url, start, start + count, index))
-                position += count
+            while lo < hi:  # (one round of the epoch's sequence at a time: "wrap" goes round again)
+                base = lo - lo % total
+                stop = min(hi, base + total)
+                self._round_slices(order, starts, lo - base, stop - base, result)
+                lo = stop
         return result
+
+    def _round_slices(self, order: List[int], starts: List[int], lo: int, hi: int, result: List[Slice]) -> None:
+        """Append the slices of positions [lo, hi) of one round (0 <= lo < hi <= total)."""
+        # (the shard holding a position: the last start at or before it, which skips empty shards)
+        first = bisect.bisect_right(starts, lo) - 1
+        last = bisect.bisect_right(starts, hi - 1) - 1
+        index, start = order[first], lo - starts[first]
+        stop = (hi if first == last else starts[first + 1]) - starts[first]
+        previous = result[-1] if result else None
+        if previous is not None and previous.shard_index == index and previous.stop == start:
+            result[-1] = dataclasses.replace(previous, stop=stop)
+        else:
+            result.append(Slice(self._urls[index], start, stop, index))
+        if first == last:
+            return
+        urls, samples = self._urls, self._samples
+        result.extend(Slice(urls[i], 0, n, i) for i in order[first + 1 : last] if (n := samples[i]))
+        index = order[last]
+        result.append(Slice(urls[index], 0, hi - starts[last], index))
 
     # -- resampled mode ---------------------------------------------------------------------
 

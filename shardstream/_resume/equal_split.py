@@ -224,6 +224,10 @@ class EqualSplit(PipelineStage):
         self.counts: Dict[str, int] = {}
         self.uncounted: Set[str] = set()  # no cheap count: not looked up again
         self.mode: Optional[str] = None  # "samples", SHARD_SPLIT or ITEM_SPLIT, as the last pass decided
+        # The last shard list's counts and scheduler, for the next pass over the same list (not
+        # sent to spawned workers: they make their own).
+        self._kept_counts: Optional[Tuple[List[str], List[int]]] = None
+        self._kept_scheduler: Optional[Tuple[List[str], Optional[List[int]], ShardScheduler]] = None
 
     def set_epoch(self, epoch: int) -> None:
         """Use this epoch number for the next passes (else each pass counts as a new epoch)."""
@@ -233,6 +237,7 @@ class EqualSplit(PipelineStage):
         # A process group does not pickle, and a DataLoader worker started by spawn or forkserver
         # is not in it anyway: it is sent as the rank and world size it gives here.
         state = dict(self.__dict__)
+        state["_kept_counts"] = state["_kept_scheduler"] = None
         if state.get("group") is not None:
             rank, world = pytorch_worker_info(group=self.group)[:2]
             state["group"], state["_group_layout"] = None, (rank, world)
@@ -269,11 +274,11 @@ class EqualSplit(PipelineStage):
         counts: Optional[List[int]]
         if history:
             counts = self._counts(urls, required=True)
-            scheduler = ShardScheduler(self._shards(urls, counts), self.config)
+            scheduler = self._scheduler(urls, counts)
             plan = _pieces(scheduler.resume_plan(resume_state(scheduler, history, self.replay), rank, world, worker, workers))
         else:
             counts = self.prepare(urls, world)
-            scheduler = ShardScheduler(self._shards(urls, counts), self.config)
+            scheduler = self._scheduler(urls, counts)
             if counts is None:
                 plan = scheduler.shard_plan(epoch, rank, world, worker, workers)
             elif not scheduler.samples_per_rank(epoch, world):
@@ -302,11 +307,26 @@ class EqualSplit(PipelineStage):
             world = self._layout()[1]
         counts = None if world == 1 else self._counts(urls, required=False)  # world 1: nothing to balance, read nothing
         self.mode = "samples" if counts is not None else SHARD_SPLIT
+        if counts is not None:
+            self._scheduler(urls, counts)  # (made here, in a loader's main process, forked workers have it)
         return counts
+
+    def _scheduler(self, urls: List[str], counts: Optional[List[int]]) -> ShardScheduler:
+        """The scheduler over these shards, kept for the next pass over the same list: over a
+        million shards, making one costs seconds."""
+        kept = self._kept_scheduler
+        if kept is not None and kept[1] == counts and kept[0] == urls:
+            return kept[2]
+        scheduler = ShardScheduler(self._shards(urls, counts), self.config)
+        self._kept_scheduler = (urls, counts, scheduler)
+        return scheduler
 
     def _counts(self, urls: List[str], required: bool) -> Optional[List[int]]:
         """Every shard's sample count from what is cheap, then (count_shards) by reading; None
         when some stay unknown (an error when `required`)."""
+        kept = self._kept_counts
+        if kept is not None and kept[0] == urls:
+            return kept[1]
         missing = [url for url in dict.fromkeys(urls) if url not in self.counts and (required or url not in self.uncounted)]
         if missing:
             found = cheap_counts(missing, self.given)
@@ -326,7 +346,9 @@ class EqualSplit(PipelineStage):
                 )
             _warn_uncounted(unknown, len(set(urls)))
             return None
-        return [self.counts[url] for url in urls]
+        counts = [self.counts[url] for url in urls]
+        self._kept_counts = (urls, counts)
+        return counts
 
     @staticmethod
     def _shards(urls: List[str], counts: Optional[List[int]]) -> List[Shard]:
