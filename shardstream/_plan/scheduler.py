@@ -118,16 +118,19 @@ class ShardScheduler:
         return list(self._order(epoch)[0])
 
     def _order(self, epoch: int) -> Tuple[List[int], List[int]]:
-        if epoch not in self._orders:
-            order = list(range(len(self.shards)))
-            if self.config.shuffle:
-                _rng("split", self.config.seed, epoch).shuffle(order)
-            # starts[k] = position of the first sample of the k-th shard in the epoch sequence.
-            starts = [0, *itertools.accumulate(map(self._samples.__getitem__, order))]
-            if len(self._orders) >= 4:  # a few epochs (current, next) are enough
-                self._orders.pop(next(iter(self._orders)))
-            self._orders[epoch] = (order, starts)
-        return self._orders[epoch]
+        # (passes in several threads may share a scheduler: no read-after-write of the dict)
+        kept = self._orders.get(epoch)
+        if kept is not None:
+            return kept
+        order = list(range(len(self.shards)))
+        if self.config.shuffle:
+            _rng("split", self.config.seed, epoch).shuffle(order)
+        # starts[k] = position of the first sample of the k-th shard in the epoch sequence.
+        starts = [0, *itertools.accumulate(map(self._samples.__getitem__, order))]
+        while len(self._orders) >= 4:  # a few epochs (current, next) are enough
+            self._orders.pop(next(iter(self._orders), None), None)
+        self._orders[epoch] = (order, starts)
+        return order, starts
 
     def _per_rank(self, world_size: int) -> int:
         total = self._total()
