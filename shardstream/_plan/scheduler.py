@@ -127,8 +127,8 @@ class ShardScheduler:
             _rng("split", self.config.seed, epoch).shuffle(order)
         # starts[k] = position of the first sample of the k-th shard in the epoch sequence.
         starts = [0, *itertools.accumulate(map(self._samples.__getitem__, order))]
-        while len(self._orders) >= 4:  # a few epochs (current, next) are enough
-            self._orders.pop(next(iter(self._orders), None), None)
+        for old in list(self._orders)[: max(0, len(self._orders) - 3)]:  # a few epochs (current, next) are enough
+            self._orders.pop(old, None)
         self._orders[epoch] = (order, starts)
         return order, starts
 

@@ -123,7 +123,8 @@ Replay = Callable[[int, int, int, int, int, int, int], List[int]]
 
 
 def resume_state(
-    scheduler: ShardScheduler, history: Sequence[Mapping[str, Any]], replay: Optional[Replay] = None
+    scheduler: ShardScheduler, history: Sequence[Mapping[str, Any]], replay: Optional[Replay] = None,
+    wanted: Optional[Tuple[int, Set[int]]] = None,
 ) -> SchedulerState:
     """The scheduler state at a checkpoint, from every rank's saved loader state.
 
@@ -137,20 +138,30 @@ def resume_state(
     samples its shuffle buffer (the pipeline's pivot) had handed on: `replay(epoch, rank,
     world_size, worker, num_workers, length, n)` gives their offsets in the worker's part by
     running the same seeded buffer over the offsets 0..length-1.
+
+    `wanted` = (world_size, ranks): the state is to be rebased onto that world size and read for
+    those ranks' shares alone. Then only the old workers whose undelivered samples can land in
+    those shares are replayed (a replay runs the buffer over the worker's whole part, so
+    replaying every old worker in every new one cost O(samples delivered by all ranks)); the
+    others get stand-in positions of the right count, which only the other ranks' shares hold.
     """
     by_rank = check_history(history)
     first = history[0]
     world, workers = int(first["layout"]["world_size"]), int(first["layout"]["num_workers"])
     epoch = int(first.get("epoch") or 0)
     previous = first.get("split")
-    origin = (
-        scheduler.rebase(resume_state(scheduler, previous, replay), world, workers) if previous
-        else scheduler.fresh_state(epoch, world, workers)
-    )
     by_shards = not previous and first["layout"].get("node_split") == SHARD_SPLIT
 
-    def undelivered(rank: int, worker: int) -> List[Tuple[int, int]]:
-        """The epoch positions of this worker's part that its saved position had not delivered."""
+    def origin_for(ranks: Optional[Set[int]]) -> SchedulerState:
+        """The old layout's state at its start (exact for `ranks`' shares; None: all)."""
+        if not previous:
+            return scheduler.fresh_state(epoch, world, workers)
+        inner = resume_state(scheduler, previous, replay, None if ranks is None else (world, ranks))
+        return scheduler.rebase(inner, world, workers)
+
+    def undelivered(origin: SchedulerState, rank: int, worker: int, exact: bool) -> List[Tuple[int, int]]:
+        """The epoch positions of this worker's part that its saved position had not delivered
+        (not `exact`: as many positions, not necessarily those, where finding them needs a replay)."""
         if by_shards:
             part = scheduler.shard_part_ranges(epoch, rank, world, worker, workers)
         else:
@@ -172,13 +183,53 @@ def resume_state(
             return take_ranges(part, sum(p.count or 0 for p in pieces[: int(position[1])]) + int(position[2]), length)
         if replay is None:
             raise UsageError("resuming on a new layout with a count position needs the pipeline's seeded shuffle")
+        if not exact:
+            return take_ranges(part, int(position[1]), length)
         delivered = set(replay(epoch, rank, world, worker, workers, length, int(position[1])))
         runs = itertools.groupby(range(length), key=lambda offset: offset in delivered)
         return [r for done, offsets in runs if not done for r in _span(part, list(offsets))]
 
-    assigned = [merge_ranges(r for worker in range(workers) for r in undelivered(rank, worker)) for rank in range(world)]
+    if wanted is None:
+        origin = origin_for(None)
+        parts = [[undelivered(origin, rank, worker, True) for worker in range(workers)] for rank in range(world)]
+    else:
+        origin = origin_for(set())  # (its shares' lengths are exact, which is all the counts need)
+        parts = [[undelivered(origin, rank, worker, False) for worker in range(workers)] for rank in range(world)]
+        lefts = [[ranges_length(part) for part in row] for row in parts]
+        needed = _needed(lefts, wanted, scheduler.config.remainder == "wrap")
+        if needed:
+            origin = origin_for({rank for rank, _worker in needed})
+            for rank, worker in needed:
+                parts[rank][worker] = undelivered(origin, rank, worker, True)
+    assigned = [merge_ranges(r for part in row for r in part) for row in parts]
     fresh = SchedulerState.fresh(epoch, world, workers, shards=origin.shards, samples=origin.samples)
     return dataclasses.replace(fresh, assigned=assigned, generation=origin.generation)
+
+
+def _needed(lefts: List[List[int]], wanted: Tuple[int, Set[int]], wrap: bool) -> Set[Tuple[int, int]]:
+    """The old (rank, worker)s whose undelivered samples (`lefts`: their counts) can land in the
+    shares of `wanted` = (new world size, new ranks), as `rebase_split` cuts them."""
+    world, ranks = wanted
+    if world == len(lefts):  # each rank keeps its own
+        return {(rank, worker) for rank in ranks for worker in range(len(lefts[rank]))}
+    total = sum(map(sum, lefts))
+    if not total:
+        return set()
+    each = -(-total // world) if wrap else total // world
+    spans: List[Tuple[int, int]] = []  # in the undelivered sequence, which "wrap" repeats
+    for rank in ranks:
+        lo = rank * each % total
+        if each >= total:
+            spans.append((0, total))
+        else:
+            spans += [(lo, min(lo + each, total)), (0, max(0, lo + each - total))]
+    needed, offset = set(), 0
+    for rank, row in enumerate(lefts):
+        for worker, left in enumerate(row):
+            if left and any(lo < offset + left and offset < hi for lo, hi in spans):
+                needed.add((rank, worker))
+            offset += left
+    return needed
 
 
 def _span(part: List[Tuple[int, int]], offsets: List[int]) -> List[Tuple[int, int]]:
@@ -275,7 +326,8 @@ class EqualSplit(PipelineStage):
         if history:
             counts = self._counts(urls, required=True)
             scheduler = self._scheduler(urls, counts)
-            plan = _pieces(scheduler.resume_plan(resume_state(scheduler, history, self.replay), rank, world, worker, workers))
+            state = resume_state(scheduler, history, self.replay, (world, {rank}))
+            plan = _pieces(scheduler.resume_plan(state, rank, world, worker, workers))
         else:
             counts = self.prepare(urls, world)
             scheduler = self._scheduler(urls, counts)
