@@ -85,7 +85,8 @@ class ShardScheduler:
         self.shards: Tuple[Shard, ...] = tuple(shards)
         self.config = config if config is not None else SchedulerConfig()
         self._orders: Dict[int, Tuple[List[int], List[int]]] = {}
-        self._samples = [s.samples or 0 for s in self.shards]
+        self._sizes = [s.samples for s in self.shards]
+        self._samples = [n or 0 for n in self._sizes]
         self._urls = [s.url for s in self.shards]
         weights = [s.weight for s in self.shards]
         self._cum_weights = list(itertools.accumulate(weights))
@@ -138,35 +139,46 @@ class ShardScheduler:
 
     def _slices(self, epoch: int, ranges: Sequence[Range]) -> List[Slice]:
         """Map epoch positions to shard slices, joining pieces that continue the same shard."""
+        return list(self._iter_slices(epoch, ranges))
+
+    def _iter_slices(self, epoch: int, ranges: Sequence[Range]) -> Iterator[Slice]:
+        """`_slices`, made as they are read: a plan over a million shards never holds them all
+        (the garbage collector's full passes over them cost more than making them)."""
         order, starts = self._order(epoch)
         total = starts[-1]
-        result: List[Slice] = []
+        pending: Optional[Slice] = None
         for lo, hi in ranges:
             while lo < hi:  # (one round of the epoch's sequence at a time: "wrap" goes round again)
                 base = lo - lo % total
                 stop = min(hi, base + total)
-                self._round_slices(order, starts, lo - base, stop - base, result)
+                pieces = self._round_slices(order, starts, lo - base, stop - base)
+                first = next(pieces)
+                if pending is not None and pending.shard_index == first.shard_index and pending.stop == first.start:
+                    pending = dataclasses.replace(pending, stop=first.stop)
+                else:
+                    if pending is not None:
+                        yield pending
+                    pending = first
+                for piece in pieces:  # (the others are other shards: an order holds each shard once)
+                    yield pending
+                    pending = piece
                 lo = stop
-        return result
+        if pending is not None:
+            yield pending
 
-    def _round_slices(self, order: List[int], starts: List[int], lo: int, hi: int, result: List[Slice]) -> None:
-        """Append the slices of positions [lo, hi) of one round (0 <= lo < hi <= total)."""
+    def _round_slices(self, order: List[int], starts: List[int], lo: int, hi: int) -> Iterator[Slice]:
+        """The slices of positions [lo, hi) of one round (0 <= lo < hi <= total)."""
         # (the shard holding a position: the last start at or before it, which skips empty shards)
         first = bisect.bisect_right(starts, lo) - 1
         last = bisect.bisect_right(starts, hi - 1) - 1
-        index, start = order[first], lo - starts[first]
-        stop = (hi if first == last else starts[first + 1]) - starts[first]
-        previous = result[-1] if result else None
-        if previous is not None and previous.shard_index == index and previous.stop == start:
-            result[-1] = dataclasses.replace(previous, stop=stop)
-        else:
-            result.append(Slice(self._urls[index], start, stop, index))
+        index = order[first]
+        yield Slice(self._urls[index], lo - starts[first], (hi if first == last else starts[first + 1]) - starts[first], index)
         if first == last:
             return
         urls, samples = self._urls, self._samples
-        result.extend(Slice(urls[i], 0, n, i) for i in order[first + 1 : last] if (n := samples[i]))
+        yield from (Slice(urls[i], 0, n, i) for i in order[first + 1 : last] if (n := samples[i]))
         index = order[last]
-        result.append(Slice(urls[index], 0, hi - starts[last], index))
+        yield Slice(urls[index], 0, hi - starts[last], index)
 
     # -- resampled mode ---------------------------------------------------------------------
 
@@ -266,13 +278,26 @@ class ShardScheduler:
         _check_layout(rank, world_size, worker, num_workers)
         return self.resume_plan(self.fresh_state(epoch, world_size, num_workers), rank, world_size, worker, num_workers)
 
+    def iter_plan(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> Iterator[Slice]:
+        """`plan`, made as it is read (split mode)."""
+        _check_layout(rank, world_size, worker, num_workers)
+        if self.config.mode == "resampled":
+            return iter(self.plan(epoch, rank, world_size, worker, num_workers))
+        state = self.fresh_state(epoch, world_size, num_workers)
+        return self._iter_slices(epoch, self._part(state, rank, world_size, worker, num_workers))
+
     def shard_plan(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> List[Slice]:
         """Whole shards, webdataset's way (for shards of unknown size): every world_size-th shard
         of the epoch's order from this rank, then every num_workers-th of those from this worker.
         Ranks get equal shard counts (within one), not equal samples."""
+        return list(self.iter_shard_plan(epoch, rank, world_size, worker, num_workers))
+
+    def iter_shard_plan(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> Iterator[Slice]:
+        """`shard_plan`, made as it is read."""
         _check_layout(rank, world_size, worker, num_workers)
         mine = self._order(epoch)[0][rank::world_size][worker::num_workers]
-        return [Slice(self.shards[i].url, 0, self.shards[i].samples, i) for i in mine]
+        urls, sizes = self._urls, self._sizes
+        return (Slice(urls[i], 0, sizes[i], i) for i in mine)
 
     def shard_part_ranges(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> List[Range]:
         """The epoch positions of `shard_plan`'s shards (every size known), in reading order."""

@@ -323,6 +323,7 @@ class EqualSplit(PipelineStage):
             return
         urls = [source_url(item, False)[0] for item in itertools.chain([first], src)]
         counts: Optional[List[int]]
+        plan: Iterable[Slice]
         if history:
             counts = self._counts(urls, required=True)
             scheduler = self._scheduler(urls, counts)
@@ -332,20 +333,20 @@ class EqualSplit(PipelineStage):
             counts = self.prepare(urls, world)
             scheduler = self._scheduler(urls, counts)
             if counts is None:
-                plan = scheduler.shard_plan(epoch, rank, world, worker, workers)
+                plan = scheduler.iter_shard_plan(epoch, rank, world, worker, workers)
             elif not scheduler.samples_per_rank(epoch, world):
                 raise UsageError(
                     f"the epoch has {sum(counts)} samples in {len(urls)} shards: "
                     f"fewer than the {world} ranks, so every rank would get none"
                 )
             else:
-                plan = _pieces(scheduler.plan(epoch, rank, world, worker, workers))
+                fresh = (p for p in scheduler.iter_plan(epoch, rank, world, worker, workers) if p.stop != p.start)
                 # Shards counted empty are in nobody's plan: one worker of one rank looks that they
                 # are, at its end (a stale count of 0 would lose their samples unseen).
                 empty = [i for i, count in enumerate(counts) if count == 0]
                 slot, slots = rank * workers + worker, world * workers
                 # (after the plan: a saved position's slice index counts the plan's slices alone)
-                plan = plan + [Slice(urls[i], 0, 0, i) for n, i in enumerate(empty) if n % slots == slot]
+                plan = itertools.chain(fresh, [Slice(urls[i], 0, 0, i) for n, i in enumerate(empty) if n % slots == slot])
         for piece in plan:
             # (a piece that ends where the count says the shard does: the reader checks it ends there)
             counted = None if counts is None else counts[piece.shard_index]
@@ -359,8 +360,7 @@ class EqualSplit(PipelineStage):
             world = self._layout()[1]
         counts = None if world == 1 else self._counts(urls, required=False)  # world 1: nothing to balance, read nothing
         self.mode = "samples" if counts is not None else SHARD_SPLIT
-        if counts is not None:
-            self._scheduler(urls, counts)  # (made here, in a loader's main process, forked workers have it)
+        self._scheduler(urls, counts)  # (made here, in a loader's main process, forked workers have it)
         return counts
 
     def _scheduler(self, urls: List[str], counts: Optional[List[int]]) -> ShardScheduler:
