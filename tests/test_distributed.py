@@ -140,3 +140,33 @@ def test_ranks_started_without_env_split_in_spawned_workers(uneven_shards, tmp_p
     first, second = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
     assert len(first) == len(second) == sum(SIZES) // 2
     assert not set(first) & set(second)
+
+
+def _gather_mixed(rank, port, out):
+    import datetime
+
+    import torch.distributed as dist
+
+    import shardstream as wds
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=3, timeout=datetime.timedelta(seconds=30))
+    old = [{"epoch": 0, "layout": {"rank": r, "world_size": 2, "num_workers": 1}, "split": None} for r in range(2)]
+    split = {0: old, 1: old[:1], 2: None}[rank]  # (states of different runs: misuse, but no hang)
+    got = wds.gather_states({"epoch": 0, "layout": {"rank": rank, "world_size": 3, "num_workers": 1}, "split": split})
+    dist.barrier()
+    with open(os.path.join(out, f"{rank}.json"), "w") as f:
+        json.dump([s["split"] for s in got], f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_gather_states_of_ranks_with_different_histories_gives_them_whole(tmp_path):
+    """Every rank takes the same branch after the first gather (it decides from the gathered
+    list alone): a rank without a history used to skip the second gather the others waited in."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gather_mixed, args=(_free_port(), str(tmp_path)), nprocs=3, join=True)
+    old = [{"epoch": 0, "layout": {"rank": r, "world_size": 2, "num_workers": 1}, "split": None} for r in range(2)]
+    for rank in range(3):
+        assert json.loads((tmp_path / f"{rank}.json").read_text()) == [old, old[:1], None]

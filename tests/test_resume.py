@@ -1290,3 +1290,19 @@ def test_an_elastic_resume_replays_only_the_old_workers_a_new_rank_draws_on(monk
         assert len(delivered) == expected and len(set(delivered)) == min(expected, 136)
         # each new rank's share is left/new_world samples: it draws on 2 or 3 of the 8 old ranks
         assert len(replays) <= new_world * (-(-8 // new_world) + 1) < 8 * new_world, replays
+
+
+def test_ranges_of_an_indexed_shard_seek_rather_than_read_on(tmp_path):
+    """With an .idx beside a local shard each range seeks to its first sample: the samples
+    between are not read (a fault in them is not this item's, and reading them costs more)."""
+    from shardstream.cli import main
+
+    members = [m for i in range(40) for m in sample_members(i, exts=("cls", "txt"))]
+    path = write_tar(str(tmp_path / "s.tar"), members)
+    assert main(["index", str(tmp_path), "-q"]) == 0
+    at = [name for name, _data in members].index("s0010.txt")
+    members[at] = ("s0010.cls", members[at][1])  # a duplicate field in sample 10, every offset as indexed
+    write_tar(path, members)
+    items = [{"url": path, "start": a, "stop": b} for a, b in [(0, 3), (15, 18), (30, 32)]]
+    keys = [k for (k,) in wds.DataPipeline(lambda: iter(items), wds.tarfile_to_samples(), wds.to_tuple("__key__"))]
+    assert keys == [f"s{i:04d}" for i in (0, 1, 2, 15, 16, 17, 30, 31)]

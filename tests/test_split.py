@@ -300,6 +300,26 @@ def test_a_count_below_the_shard_s_samples_is_an_error_not_lost_samples(tmp_path
     assert errors and all("holds more samples than its sample count" in str(e) for e in errors)
 
 
+def test_a_count_below_the_shard_s_samples_under_a_continuing_handler_skips_the_shard(tmp_path, monkeypatch):
+    """Under warn_and_continue the stale count's error went to the per-member handler, which
+    went on inside the shard: the last sample came out again for every member left (10 times
+    here), and the ranks were unequal. It is the shard's error now: counted, and the next shard
+    follows."""
+    urls = _rewritten(tmp_path, extra_fields=False, samples=8)
+    for idx in tmp_path.glob("*.idx"):
+        idx.unlink()
+    keys, errors = [], 0
+    for rank in range(2):
+        _layout(monkeypatch, rank, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            it = iter(wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node,
+                                     handler=wds.warn_and_continue).to_tuple("__key__"))
+            keys += [k for (k,) in it]
+        errors += it.stats().source["errors"]
+    assert len(keys) == len(set(keys)) == 18 and errors == 1  # (the error comes after the range's last sample)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_count_of_0_for_a_shard_with_samples_is_an_error_not_lost_samples(tmp_path, monkeypatch, workers):
     """sizes.json says 0 (indexed while it was written), the shard holds 8: a shard counted

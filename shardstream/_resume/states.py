@@ -54,15 +54,16 @@ def gather_states(state: Dict[str, Any], group: Any = None) -> List[Dict[str, An
         return [state]
     result: List[Any] = [None] * dist.get_world_size(group=group)
     split = state.get("split")
-    if not split:
-        dist.all_gather_object(result, state, group=group)
-        return result
-    digest = _digest(split)
-    dist.all_gather_object(result, dict(state, split=digest), group=group)
-    if any(other.get("split") not in (digest, None) for other in result):  # (states of another run: the same on
-        dist.all_gather_object(result, state, group=group)  # every rank, so all send their whole states again)
-        return result
-    return [dict(other, split=split) if other.get("split") == digest else other for other in result]
+    dist.all_gather_object(result, dict(state, split=_digest(split)) if split else state, group=group)
+    # (what follows depends on the gathered list alone, the same on every rank: a rank that went
+    # another way would wait for ever in a collective the others never call)
+    digests = {other.get("split") for other in result if isinstance(other.get("split"), str)}
+    if not digests:
+        return result  # no rank's epoch was resumed on another layout
+    if len(digests) == 1 and all(isinstance(other.get("split"), str) for other in result):
+        return [dict(other, split=split) for other in result]  # one history: this rank's copy
+    dist.all_gather_object(result, state, group=group)  # states of different runs: whole, as saved
+    return result
 
 
 def _digest(value: Any) -> str:

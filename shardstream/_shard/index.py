@@ -18,7 +18,7 @@ from .._fetch.open import local_path_of
 from .._tar.reader import TarMember
 
 __all__ = [
-    "ShardSummary", "checked_start", "index_position", "read_index", "scan_shard", "summarize", "walk_shard", "write_index", "write_sizes",
+    "ShardSummary", "checked_start", "has_index", "index_position", "read_index", "scan_shard", "summarize", "walk_shard", "write_index", "write_sizes",
 ]
 
 
@@ -111,12 +111,18 @@ def write_sizes(path: str, counts: Dict[str, int]) -> None:
     os.replace(temp, path)
 
 
+def has_index(url: str) -> bool:
+    """Whether `index_position` can seek in this shard (a local uncompressed one with an `.idx`)."""
+    path = local_path_of(url)
+    return path is not None and os.path.exists(path + ".idx") and not is_compressed_file(path)
+
+
 def index_position(url: str, sample: int) -> Tuple[int, int, Optional[str]]:
     """Where to start reading to reach sample number `sample` of a shard: (byte offset, samples
     still to skip from there, the key the `.idx` says starts there). Uses the `.idx` beside a
     local shard; (0, sample, None) without one."""
     path = local_path_of(url)
-    if path is None or not os.path.exists(path + ".idx") or is_compressed_file(path):
+    if path is None or not has_index(url):
         return 0, sample, None  # (a gzip shard's offsets are in the inflated stream: no seeking)
     entries = read_index(path + ".idx")
     if sample >= len(entries):

@@ -32,7 +32,7 @@ from .._stages.resumable import ResumeTraits
 from .._tar.keys import base_plus_ext, is_meta
 from .._tar.reader import TarMember
 from .hits import hit_member_batches, open_hit
-from .index import checked_start, index_position
+from .index import checked_start, has_index, index_position
 from .members import SourceStats, member_batches
 from .origin import open_origin, pulling, shard_range, source_url
 
@@ -78,6 +78,7 @@ def shard_samples(
     current_key: Optional[str] = None
     batches = iter(batches)
     stopped = False
+    stale: Optional[FormatError] = None
     while not stopped:
         try:
             members = next(batches)
@@ -110,11 +111,12 @@ def shard_samples(
                             if limit is not None:
                                 limit -= 1
                                 if limit <= 0:
-                                    if ends_shard:
-                                        raise FormatError(
+                                    if ends_shard:  # (the shard's error, not the member's: see below)
+                                        stale = FormatError(
                                             "the shard holds more samples than its sample count (sizes.json or .idx) "
                                             "says: the count is stale (run `shardstream index` on it again)",
                                             url=url, member=name, offset=offset)
+                                        raise stale
                                     following = read_on() if read_on is not None else None
                                     if following is None:
                                         return
@@ -134,6 +136,8 @@ def shard_samples(
                 else:
                     current[ext] = data  # type: ignore[index]
             except Exception as exn:
+                if exn is stale:  # the shard's handler decides: a continuing one goes on with the next shard
+                    raise
                 if not isinstance(exn, ShardStreamError):  # rename_files or select_files raised
                     _note_member(exn, url, name, offset)
                 if handler(exn):
@@ -471,9 +475,10 @@ class TarShardSamples(PipelineStage):
                     # The item is done. When the next one is a later range of the same shard (an
                     # elastic resume after a shuffle buffer gives one range per hole), read on in
                     # this stream past the samples between: not a new stream from the shard's
-                    # first byte for every range.
+                    # first byte for every range. (Not where an .idx seeks to the range: reading
+                    # the samples between would cost more, and a fault in them is not this item's.)
                     nonlocal index, item, start, stop, count, told
-                    if stop is None:
+                    if stop is None or (self.opener is None and has_index(url)):
                         return None
                     if not ahead:
                         fill()
