@@ -463,3 +463,67 @@ def test_the_plan_over_a_shard_list_is_made_once_and_follows_a_changed_list(monk
     shards[:] = paths[:4]  # 28 samples
     assert len(_keys(loader)) == 14
     assert len(made) == 2
+
+
+def _fake_replay(epoch, rank, world, worker, workers, length, n):
+    """A stand-in for a seeded shuffle buffer's replay: `n` offsets, seeded by the worker."""
+    import random
+
+    return sorted(random.Random(repr((epoch, rank, world, worker, workers, length))).sample(range(length), n))
+
+
+def _saved_layout(scheduler, epoch, world, workers, previous, rng, seek):
+    """Every rank's saved state on one layout after random deliveries (seek or count positions)."""
+    from shardstream._plan.elastic import ranges_length
+
+    origin = (scheduler.rebase(split_module.resume_state(scheduler, previous, _fake_replay), world, workers)
+              if previous else scheduler.fresh_state(epoch, world, workers))
+    states = []
+    for rank in range(world):
+        per_worker, positions = {}, {}
+        for worker in range(workers):
+            length = ranges_length(scheduler.part_ranges(origin, rank, world, worker, workers))
+            pieces = split_module._pieces(scheduler.resume_plan(origin, rank, world, worker, workers))
+            if seek and pieces and rng.random() < 0.8:
+                piece = rng.randrange(len(pieces))
+                positions[worker] = [0, piece, rng.randrange(pieces[piece].count), None]
+                per_worker[worker] = 1
+            elif not seek and length:
+                per_worker[worker] = n = rng.randint(0, length)
+                positions[worker] = [0, n]
+        states.append({"epoch": epoch, "layout": {"rank": rank, "world_size": world, "num_workers": workers},
+                       "per_worker": per_worker, "positions": positions, "split": previous})
+    return states
+
+
+def test_a_new_rank_s_resume_state_reads_as_the_whole_one_does():
+    """resume_state(wanted=...) replays only the old workers a new rank draws on and gives the
+    others stand-in positions: each new rank's plan must be the one the whole state gives, over
+    chained elastic histories with seek and count positions, "drop" and "wrap"."""
+    import random
+
+    from shardstream._plan.scheduler import ShardScheduler
+    from shardstream._plan.shards import SchedulerConfig, Shard
+
+    compared = 0
+    for trial in range(200):
+        rng = random.Random(trial)
+        sizes = [rng.choice([0, 1, 3, 7, 12, 30]) for _ in range(rng.randint(1, 9))] + [20]
+        config = SchedulerConfig(seed=trial, remainder=rng.choice(["drop", "wrap"]))
+        scheduler = ShardScheduler([Shard(f"s{i}", n) for i, n in enumerate(sizes)], config)
+        history = None
+        try:
+            for _level in range(rng.randint(1, 3)):
+                history = _saved_layout(scheduler, 1, rng.randint(1, 5), rng.randint(1, 3), history, rng,
+                                        seek=rng.random() < 0.5)
+            whole = split_module.resume_state(scheduler, history, _fake_replay)
+        except wds.UsageError:
+            continue  # (a layout with fewer samples than ranks)
+        world, workers = rng.randint(1, 6), rng.randint(1, 3)
+        for rank in range(world):
+            mine = split_module.resume_state(scheduler, history, _fake_replay, (world, {rank}))
+            for worker in range(workers):
+                assert (scheduler.resume_plan(mine, rank, world, worker, workers)
+                        == scheduler.resume_plan(whole, rank, world, worker, workers)), (trial, rank, worker)
+                compared += 1
+    assert compared > 300

@@ -189,7 +189,8 @@ def resume_state(
         runs = itertools.groupby(range(length), key=lambda offset: offset in delivered)
         return [r for done, offsets in runs if not done for r in _span(part, list(offsets))]
 
-    if wanted is None:
+    seeks = any(len(p or ()) == 4 for state in history for p in worker_view(dict(state))[1].values())
+    if wanted is None or (previous and seeks):  # (a seek counts slices, which stand-in positions cut otherwise)
         origin = origin_for(None)
         parts = [[undelivered(origin, rank, worker, True) for worker in range(workers)] for rank in range(world)]
     else:
