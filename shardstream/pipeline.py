@@ -118,6 +118,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._resume: Optional[Dict[str, Any]] = None
         self._split_history: Optional[List[Dict[str, Any]]] = None
         self._progress: Optional[Tuple[int, Any, int]] = None
+        self._iterations = 0  # iterations begun in this process (the newest one's progress is the state's)
         self._passes_started = 0  # passes run in this process (see PipelineIterator.pass_base)
         self._tag_outputs = False
         self._epoch_cell: Any = None  # persistent DataLoader workers' copies: the epoch set in the loader's process
@@ -425,6 +426,8 @@ class DataPipeline(IterableDataset, PipelineStage):
             self, self.repetitions, limit, skip=skip, tag=worker if self._tag_outputs else None,
             seek=seek if track else None, track=track, resumed=resumed, pass_base=pass_base,
         )
+        self._iterations += 1
+        it.serial = self._iterations
         self._last_iterator = weakref.ref(it)
         self._progress = None
         return it
@@ -453,12 +456,16 @@ class DataPipeline(IterableDataset, PipelineStage):
         """Another process ran the passes (SubprocessLoader's helper): take its count."""
         self._passes_started = started
 
-    def note_stats(self, stats: Optional[PipelineStats]) -> None:
-        self._last_stats = stats
+    def note_stats(self, stats: Optional[PipelineStats], serial: Optional[int] = None) -> None:
+        if serial is None or serial == self._iterations:
+            self._last_stats = stats
 
-    def note_progress(self, progress: Tuple[int, Any, int]) -> None:
-        """An iterator is done: (delivered, position, pass_base) stays for state_dict() after the loop."""
-        self._progress = progress
+    def note_progress(self, progress: Tuple[int, Any, int], serial: Optional[int] = None) -> None:
+        """The iterator number `serial` is done: (delivered, position, pass_base) stays for
+        state_dict() after the loop, if no iteration began after it (an older iterator closed
+        late, e.g. collected in a reference cycle, must not take the state back to its pass)."""
+        if serial is None or serial == self._iterations:
+            self._progress = progress
 
     def follow(self, iterator: Any) -> Tuple[int, Any, int]:
         """A pass of a copy of this pipeline runs in another process (SubprocessLoader), and
@@ -475,6 +482,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             self._split_history = None  # a fresh epoch
         self._resume = None
         self._progress = None
+        self._iterations += 1
         self._last_iterator = weakref.ref(iterator)
         return start
 

@@ -486,3 +486,32 @@ def test_an_iterator_started_before_fork_is_refused_in_the_child_not_left_waitin
         os.close(read)
     assert outcome == "refused 40"
     assert sum(1 for _ in it) == 39  # (the parent's pass goes on)
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_an_iterator_dropped_where_its_close_needs_a_held_lock_does_not_deadlock(tmp_path, engine):
+    """A finalizer runs wherever a garbage collection happens: a dropped iterator in a reference
+    cycle (an exception kept in a local, a trainer holding its own callback) was collected on a
+    stream thread inside the reader's `Counters.add`, and its close took the same lock for its
+    stats: the thread waited on itself and the training loop for ever. Its close now runs on the
+    janitor thread, waited for a second at most."""
+    from shardsets import sample_members, write_tar
+    from shardstream._shard.samples import TarShardSamples
+
+    path = write_tar(str(tmp_path / "f.tar"), [m for i in range(40) for m in sample_members(i, exts=("cls",))])
+    dataset = wds.WebDataset(path, shardshuffle=False).batched(2).with_engine(enabled=engine)
+    reader = next(s for s in dataset.pipeline if isinstance(s, TarShardSamples))
+    box = [iter(dataset)]
+    next(box[0])
+    done = threading.Event()
+
+    def drop():
+        with reader.source_stats._lock:  # as a collection inside Counters.add would hold it
+            box.clear()  # the iterator's last reference: its finalizer runs here
+        done.set()
+
+    thread = threading.Thread(target=drop, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert done.is_set(), "the finalizer waited for a lock its own thread held"
+    assert len(list(dataset)) == 20  # and the dataset reads on, its counters free

@@ -1306,3 +1306,25 @@ def test_ranges_of_an_indexed_shard_seek_rather_than_read_on(tmp_path):
     items = [{"url": path, "start": a, "stop": b} for a, b in [(0, 3), (15, 18), (30, 32)]]
     keys = [k for (k,) in wds.DataPipeline(lambda: iter(items), wds.tarfile_to_samples(), wds.to_tuple("__key__"))]
     assert keys == [f"s{i:04d}" for i in (0, 1, 2, 15, 16, 17, 30, 31)]
+
+
+def test_an_older_iterator_closed_late_leaves_the_newest_one_s_state(shardset):
+    """state_dict() describes the most recent iteration: an older iterator that is closed (or
+    collected, e.g. from a reference cycle) after a newer one ended took the state back to its
+    own pass, and the resume repeated samples."""
+    build = lambda: keyed(wds.WebDataset(shardset, shardshuffle=False)).batched(5)  # noqa: E731
+    ds = build()
+    old = iter(ds)
+    for _ in range(3):
+        next(old)
+    newest = []
+    for batch in ds:
+        newest.append(batch)
+        if len(newest) == 8:
+            break
+    state = ds.state_dict()
+    old.close()
+    assert ds.state_dict() == state
+    resumed = build()
+    resumed.load_state_dict(ds.state_dict())
+    assert_same_stream(list(build()), newest + list(resumed))

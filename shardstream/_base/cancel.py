@@ -8,10 +8,12 @@ event is set: closing a pass (a `break`, Ctrl-C) does not wait for a slow or sil
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 from typing import Callable, Optional
 
-__all__ = ["Stopped", "current_stop", "finalize", "runs_fetch_loop", "set_stop"]
+__all__ = ["Stopped", "current_stop", "finalize", "runs_fetch_loop", "set_stop", "start_janitor"]
 
 _local = threading.local()
 
@@ -39,11 +41,63 @@ def runs_fetch_loop() -> None:
     _loop_threads.add(threading.get_ident())
 
 
+# Finalizers' closes run on one janitor thread. A finalizer runs wherever a garbage collection
+# happens: inside a lock this thread holds that close() takes again (a stage's counters shared by
+# every pass, the cache's), or on the thread of the fetchers' event loop, which close() waits on.
+# Run there, it deadlocked the thread on itself (a training loop then waited for ever). The
+# queue's put is safe in a finalizer (SimpleQueue.put is reentrant); the janitor is started by
+# `start_janitor`, from ordinary code, so that a finalizer never has to start a thread.
+_janitor_queue: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+_janitor: Optional[threading.Thread] = None
+FINALIZE_WAIT_S = 1.0  # how long a finalizer waits for its close (done at once unless it needs a lock held here)
+
+
+def _clean() -> None:
+    while True:
+        job = _janitor_queue.get()
+        if job is None:
+            return
+        close, done = job
+        try:
+            close()
+        except BaseException:  # noqa: BLE001 - as a finalizer's: nothing to report it to
+            pass
+        finally:
+            done.set()
+            del job, close, done
+
+
+def start_janitor() -> None:
+    """Make sure the janitor runs (called where iterators are made: not in a finalizer)."""
+    global _janitor
+    if _janitor is None or not _janitor.is_alive():
+        _janitor = threading.Thread(target=_clean, name="shardstream-janitor", daemon=True)
+        _janitor.start()
+
+
+def _forget_janitor() -> None:
+    global _janitor, _janitor_queue
+    _janitor, _janitor_queue = None, queue.SimpleQueue()  # (a forked child: the parent's thread is not here)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_janitor)
+
+
 def finalize(close: Callable[[], None]) -> None:
-    """A finalizer's `close()`: now, or on a thread of its own when this thread runs the fetchers'
-    event loop (a garbage collection that ran there): a close that joins threads waiting on that
-    loop stalled every transfer of the process until its join timed out."""
-    if threading.get_ident() not in _loop_threads:
-        close()
+    """A finalizer's `close()`: on the janitor thread, waited for up to FINALIZE_WAIT_S here
+    (so a dropped iterator is closed by the time `del` or `gc.collect()` returns, unless the
+    close needs a lock this thread holds; not waited for on the janitor or an event loop's
+    thread, which the close may wait on). Without a janitor (none started in this process
+    yet), run now."""
+    janitor = _janitor
+    if janitor is None or not janitor.is_alive():
+        if threading.get_ident() in _loop_threads:  # (iterators start the janitor: not expected)
+            threading.Thread(target=close, name="shardstream-finalize", daemon=True).start()
+        else:
+            close()
         return
-    threading.Thread(target=close, name="shardstream-finalize", daemon=True).start()
+    done = threading.Event()
+    _janitor_queue.put((close, done))
+    if threading.get_ident() != janitor.ident and threading.get_ident() not in _loop_threads:
+        done.wait(FINALIZE_WAIT_S)

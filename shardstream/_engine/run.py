@@ -24,7 +24,7 @@ from .channel import END, Channel, Failure, Stopped, payload_bytes
 from .config import EngineConfig, available_cores
 from .pool import get_pool
 from .._base.counters import Counters
-from .._base.cancel import finalize, set_stop
+from .._base.cancel import finalize, set_stop, start_janitor
 from .._base.errors import UsageError, note_stage
 from .segments import STOP, Segment, run_task, split_segments, tracked
 from .stats import PipelineStats, StageStats
@@ -394,6 +394,7 @@ class EngineIterator:
         self, stages: Sequence[Any], invoke: Callable[..., Iterator[Any]], config: EngineConfig,
         pivot: Optional[Tuple[int, Callable[..., Any]]] = None,
     ) -> None:
+        start_janitor()  # (closes this run if the iterator is dropped: see finalize)
         self._run = _Run(stages, invoke, config, pivot)
         self._chunk: List[Any] = []
         self._index = 0

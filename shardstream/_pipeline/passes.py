@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Sequence
 
-from .._base.cancel import Stopped, finalize
+from .._base.cancel import Stopped, finalize, start_janitor
 from .._base.errors import ShardStreamError, UsageError, mark_location
 from .._base.lazytorch import in_worker
 from .._engine.run import EngineIterator
@@ -75,6 +75,8 @@ class PipelineIterator:
         seek: Optional[Sequence[Any]] = None, track: bool = False, resumed: bool = False,
         pass_base: Optional[int] = None,
     ) -> None:
+        start_janitor()  # (closes this iterator if it is dropped: see finalize)
+        self.serial: Optional[int] = None  # its number among the pipeline's iterations (set by the pipeline)
         self._pipeline = pipeline
         self._skip = skip  # items of a resumed epoch already delivered before the checkpoint
         self._tag = tag  # DataLoader worker id: items go out tagged for WebLoader's state
@@ -210,7 +212,7 @@ class PipelineIterator:
                 raise
         if isinstance(current, EngineIterator):
             self._last_stats = current.stats()
-            self._pipeline.note_stats(self._last_stats)
+            self._pipeline.note_stats(self._last_stats, self.serial)
 
     def stats(self) -> Optional[PipelineStats]:
         """Stats of the pass under way (or the last one); None when not running on the engine."""
@@ -226,7 +228,7 @@ class PipelineIterator:
             self._end_pass()  # (before the pass count moves: the position names this pass)
         self._passes = self._repetitions
         # The pipeline keeps the progress: state_dict() after the loop is left still has it.
-        self._pipeline.note_progress((self.delivered, self.position, self.pass_base))
+        self._pipeline.note_progress((self.delivered, self.position, self.pass_base), self.serial)
 
     def __del__(self) -> None:
         try:
