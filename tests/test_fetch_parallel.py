@@ -448,3 +448,30 @@ def test_an_object_replaced_mid_download_is_an_error_not_two_versions_spliced(tm
         assert len(requests) > 3
     finally:
         run_coroutine(runner.cleanup()).result(5)
+
+
+def test_closing_a_pass_sends_no_new_requests(tmp_path):
+    """Closing a pass closes its streams one by one, the one being read first; the budget each
+    freed was granted to the waiting parts of the next, which sent requests only to drop them
+    (15 requests became 36 here; S3 bills each). Now: none once close() begins."""
+    import collections
+    import os
+    import random
+
+    import shardstream as wds
+
+    rng = random.Random(5)
+    for n in range(8):
+        with wds.TarWriter(str(tmp_path / f"b-{n}.tar")) as sink:
+            for i in range(1500):
+                sink.write({"__key__": f"k{n}_{i:04d}", "bin": rng.randbytes(2048)})
+    with ShardServer(str(tmp_path), bandwidth=2e6, latency_ms=50) as srv:
+        ds = wds.WebDataset([srv.url(f"b-{n}.tar") for n in range(8)], shardshuffle=False).to_tuple("__key__").batched(8)
+        it = iter(ds)
+        for _ in range(20):
+            next(it)
+        before = collections.Counter(srv.stats.fetches)
+        it.close()
+        time.sleep(0.3)  # (past the grant put off after a close)
+        assert collections.Counter(srv.stats.fetches) == before
+    assert os.path.getsize(tmp_path / "b-0.tar") > 3 * MIB  # (several parts each: some wait for the budget)

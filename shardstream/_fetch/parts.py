@@ -70,6 +70,7 @@ DEFAULT_LATENCY = 0.1  # seconds from a part's grant to its last byte, before an
 MIN_INTERVAL = 0.05  # a reader's rate is measured over at least this long
 NARROWING = 1.0  # seconds: a window narrows by at most exp(-t / NARROWING)
 IDLE_READER = 60.0  # seconds a reader with no open stream keeps its window (a pass between shards)
+GRANT_AFTER_CLOSE_S = 0.05  # what a stream closed part way frees is granted this much later (see _grant_soon)
 _stream_order = itertools.count()  # streams are opened in the order they will be read
 
 
@@ -80,12 +81,13 @@ class Demand:
     `group` names the reader the stream belongs to (streams of one group are read one after the
     other, in the order they were opened); None: a group of its own."""
 
-    __slots__ = ("waiting", "callback", "group")
+    __slots__ = ("waiting", "callback", "group", "abandoned")
 
     def __init__(self, group: Any = None) -> None:
         self.waiting = False
         self.callback: Optional[Callable[[], None]] = None
         self.group = group
+        self.abandoned = False  # its consumer closes it unread: its parts get no more budget
 
     def fire(self) -> None:
         if self.waiting and self.callback is not None:
@@ -158,9 +160,10 @@ class _Reading:
     """One stream as its reader's window sees it: where its parts start being handed on
     (`read_to`), its size once a response said it (None before), and its origin's `tuning`."""
 
-    __slots__ = ("group", "size", "read_to", "tuning")
+    __slots__ = ("group", "size", "read_to", "tuning", "demand")
 
     def __init__(self, group: Any, start: int, tuning: Optional[_Tuning] = None) -> None:
+        self.demand: Optional[Demand] = None  # its consumer's (see Demand.abandoned)
         self.group = group
         self.size: Optional[int] = None
         self.read_to = start
@@ -241,6 +244,7 @@ class PartBudget:
         self._waiting: List[list] = []  # [key, bytes, future, part], granted ones dropped
         self._readers: Dict[Any, _Reader] = {}  # by reader key: its open streams and its window
         self._start = START_WINDOW  # a new reader's window: where the last pass (a grouped reader) paused
+        self._soon: Optional[asyncio.TimerHandle] = None  # a grant put off (see _grant_soon)
 
     def open(self, group: Any, start: int, part_size: int = DEFAULT_PART, tuning: Optional[_Tuning] = None) -> _Reading:
         """Register a stream of reader `group` (None: a reader of its own), read after the ones
@@ -261,7 +265,7 @@ class PartBudget:
         reader.streams.append(reading)
         return reading
 
-    def close(self, reading: _Reading) -> None:
+    def close(self, reading: _Reading, at_once: bool = True) -> None:
         reader = self._readers.get(reading.reader)
         if reader is not None and reading in reader.streams:
             reader.streams.remove(reading)
@@ -271,7 +275,7 @@ class PartBudget:
                 else:  # its next shard may open a moment later: it keeps its window a while
                     reader.idle_since = time.perf_counter()
                     self._start = max(START_WINDOW, reader.window)  # (and the next pass starts there)
-        self._grant()
+        self._grant() if at_once else self._grant_soon()
 
     def unsized_before(self, reading: _Reading) -> bool:
         """Whether a stream that `reading`'s reader reads before it has not said its size yet."""
@@ -302,7 +306,7 @@ class PartBudget:
             part.waiter = None
             if future.cancelled() or not future.done():
                 entry[2] = None  # dropped at the next grant
-                self._grant()
+                self._grant_soon()  # (cancelled: its stream is closing, and others of its pass may be)
 
     def promote(self, part: "_Part") -> None:
         """`part` is now the front of its stream: it needs no budget (and returns what it held)."""
@@ -338,11 +342,23 @@ class PartBudget:
         if reader is not None and reader.starve(self.limit, now, latency):
             self._grant()
 
-    def release(self, part: "_Part") -> None:
+    def release(self, part: "_Part", at_once: bool = True) -> None:
         if part.held:
             self.used -= part.held
             part.held = 0
-            self._grant()
+            self._grant() if at_once else self._grant_soon()
+
+    def _grant_soon(self) -> None:
+        """Grant a moment later: what a stream closed part way frees. Closing a pass closes its
+        streams one by one, the one being read first, and granted at once its bytes went to the
+        parts of the streams about to close next (requests sent only to be dropped); by then they
+        say they are abandoned (`Demand.abandoned`)."""
+        if self._soon is None:
+            self._soon = asyncio.get_running_loop().call_later(GRANT_AFTER_CLOSE_S, self._granted_soon)
+
+    def _granted_soon(self) -> None:
+        self._soon = None
+        self._grant()
 
     def _before(self) -> Dict[int, Tuple[Optional[int], int]]:
         """For each open stream (by id): the bytes its reader reads before it (None: unknown yet),
@@ -367,6 +383,8 @@ class PartBudget:
         for entry in waiting:
             _key, size, future, part = entry
             reading = part.reading
+            if reading is not None and reading.demand is not None and reading.demand.abandoned:
+                continue  # (closing a pass closes its streams one by one: not a request for each that is left)
             if reading is not None:
                 ahead, window = before.get(id(reading), (None, self.limit))
                 if ahead is None:
@@ -504,6 +522,7 @@ async def parallel_stream(
     index = itertools.count()
     wanted = demand.get()
     reading = budget.open(None if wanted is None else wanted.group, start, part_size, tuning)
+    reading.demand = wanted
     first = _Part(start, start + part_size, (order, next(index)), reading)
     window: collections.deque = collections.deque([first])  # parts started, the front one first
     pending: collections.deque = collections.deque()
@@ -579,18 +598,19 @@ async def parallel_stream(
             budget.advance(reading, front.stop)  # and the reader's window moves: the next parts may start
             fill()
     finally:
+        at_once = not window  # (read to its end; else closed part way: see PartBudget._grant_soon)
         if wanted is not None:
             wanted.callback = None
         if probe is not None and not probe.done():
             probe.cancel()
             await asyncio.gather(probe, return_exceptions=True)
         for part in window:
-            budget.release(part)
+            budget.release(part, at_once)
         tasks = [part.task for part in window if part.task is not None and not part.task.done()]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         for part in window:
-            budget.release(part)  # a part granted while it was being cancelled
-        budget.close(reading)
+            budget.release(part, at_once)  # a part granted while it was being cancelled
+        budget.close(reading, at_once)

@@ -218,10 +218,17 @@ class ChunkStream:
             raise interpreter_exit(str(item.exc)) from None
         raise item.exc
 
+    def abandon(self) -> None:
+        """Say that this stream will be closed unread: its parts get no more of the part budget
+        (closing a pass closes its streams one by one, and the budget each one freed went to the
+        parts of the next: requests sent only to be dropped)."""
+        self._buffer.demand.abandoned = True
+
     def close(self, timeout: Optional[float] = 5.0) -> None:
         """Cancel the download (if still running) and wait up to `timeout` s for it to stop."""
         if os.getpid() != self._pid:
             return  # a forked child: the pump is the parent's, and a parent thread may hold the lock
+        self.abandon()
         buffer = self._buffer
         with buffer.cond:
             if buffer.closed:

@@ -323,6 +323,13 @@ class TarShardSamples(PipelineStage):
                 self.cache.release(url)
             raise
 
+    @staticmethod
+    def _abandon(ahead: Deque[Tuple[int, Any, Optional[ChunkStream]]]) -> None:
+        """The streams opened ahead will be closed unread (before the one being read is)."""
+        for _index, _item, ready in ahead:
+            if ready is not None:
+                ready.abandon()
+
     def _drop_ahead(self, url: str, ready: Optional[ChunkStream]) -> None:
         """Close a stream opened ahead, and give back the claim `prepare` took if no read used it."""
         if ready is not None:
@@ -513,6 +520,7 @@ class TarShardSamples(PipelineStage):
                         )
                 except Exception as exn:
                     if not self._failed(exn, url):
+                        self._abandon(ahead)
                         return
                     drawn_from = getattr(item, "drawn_from", None)
                     if drawn_from is not None and not count:
@@ -523,6 +531,9 @@ class TarShardSamples(PipelineStage):
                                 f"(each went to the handler): drawing them again would never end",
                                 url=url,
                             ) from safe_cause(exn)
+                except BaseException:  # the pass is closed (a break, Ctrl-C): none of its streams is read on
+                    self._abandon(ahead)
+                    raise
                 else:
                     self.source_stats.add(shards=1)
                 finally:
