@@ -483,6 +483,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._resume = None
         self._progress = None
         self._iterations += 1
+        iterator.serial = self._iterations  # (it says so when it reports its progress: see note_progress)
         self._last_iterator = weakref.ref(iterator)
         return start
 

@@ -515,3 +515,43 @@ def test_an_iterator_dropped_where_its_close_needs_a_held_lock_does_not_deadlock
     thread.join(10)
     assert done.is_set(), "the finalizer waited for a lock its own thread held"
     assert len(list(dataset)) == 20  # and the dataset reads on, its counters free
+
+
+def test_many_iterators_collected_under_a_held_lock_stall_the_thread_once(tmp_path):
+    """A collection that finds several dropped iterators whose closes need a lock the collecting
+    thread holds waits for the first close once (a second), not a second for each of them (12 s
+    for six), and a slow close does not hold up the others."""
+    import gc
+
+    from shardsets import sample_members, write_tar
+    from shardstream._shard.samples import TarShardSamples
+
+    path = write_tar(str(tmp_path / "f.tar"), [m for i in range(400) for m in sample_members(i, exts=("cls",))])
+    dataset = wds.WebDataset(path, shardshuffle=False).batched(2)
+    reader = next(s for s in dataset.pipeline if isinstance(s, TarShardSamples))
+    gc.disable()
+    try:
+        for _ in range(6):
+            it = iter(dataset)
+            next(it)
+            it.cycle = it  # a reference cycle: only a collection frees it
+        del it
+        took = []
+
+        def collect():
+            started = time.monotonic()
+            with reader.source_stats._lock:  # as a collection inside Counters.add would hold it
+                gc.collect()
+            took.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=collect, daemon=True)
+        thread.start()
+        thread.join(30)
+    finally:
+        gc.enable()
+    assert took and took[0] < 3, took
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(t.name.startswith("shardstream-finalize") for t in threading.enumerate()):
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("shardstream-finalize")]
+    assert len(list(dataset)) == 200

@@ -439,3 +439,33 @@ def test_a_server_that_ignores_range_gives_the_budget_back(tmp_path, budget):
     finally:
         run_coroutine(runner.cleanup()).result(5)
     assert parts._budget is not None and parts._budget.used == 0
+
+
+def test_a_grant_put_off_when_its_loop_is_shut_down_is_made_on_the_next_loop():
+    """What a stream closed part way frees is granted 50 ms later; a loop shut down in between
+    (`shutdown_loop`: the CLI, a test) left that timer for ever pending on the dead loop, and no
+    put-off grant was made again in the process."""
+    import asyncio
+
+    from shardstream._fetch.loop import shutdown_loop
+
+    budget = parts.PartBudget(PART)
+
+    async def close_part_way():
+        holder = parts._Part(0, PART, (0, 0))
+        await budget.acquire(holder)  # the budget is full
+        waiting = parts._Part(0, PART, (1, 0))
+        task = asyncio.ensure_future(budget.acquire(waiting))
+        await asyncio.sleep(0)
+        budget.release(holder, at_once=False)  # a stream closed part way
+        return waiting, task
+
+    run_coroutine(close_part_way()).result(5)
+    shutdown_loop()  # before the put-off grant
+    waiting, _task = run_coroutine(close_part_way()).result(5)
+    time.sleep(0.3)
+
+    async def held():
+        return waiting.held
+
+    assert run_coroutine(held()).result(5) == PART  # granted on the new loop

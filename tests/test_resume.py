@@ -1308,12 +1308,13 @@ def test_ranges_of_an_indexed_shard_seek_rather_than_read_on(tmp_path):
     assert keys == [f"s{i:04d}" for i in (0, 1, 2, 15, 16, 17, 30, 31)]
 
 
-def test_an_older_iterator_closed_late_leaves_the_newest_one_s_state(shardset):
+@pytest.mark.parametrize("loader", ["dataset", "subprocess"])
+def test_an_older_iterator_closed_late_leaves_the_newest_one_s_state(shardset, loader):
     """state_dict() describes the most recent iteration: an older iterator that is closed (or
     collected, e.g. from a reference cycle) after a newer one ended took the state back to its
     own pass, and the resume repeated samples."""
     build = lambda: keyed(wds.WebDataset(shardset, shardshuffle=False)).batched(5)  # noqa: E731
-    ds = build()
+    ds = build() if loader == "dataset" else wds.SubprocessLoader(build())
     old = iter(ds)
     for _ in range(3):
         next(old)

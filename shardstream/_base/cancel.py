@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 __all__ = ["Stopped", "current_stop", "finalize", "runs_fetch_loop", "set_stop", "start_janitor"]
 
@@ -41,14 +41,16 @@ def runs_fetch_loop() -> None:
     _loop_threads.add(threading.get_ident())
 
 
-# Finalizers' closes run on one janitor thread. A finalizer runs wherever a garbage collection
+# Finalizers' closes run off the finalizing thread. A finalizer runs wherever a garbage collection
 # happens: inside a lock this thread holds that close() takes again (a stage's counters shared by
 # every pass, the cache's), or on the thread of the fetchers' event loop, which close() waits on.
-# Run there, it deadlocked the thread on itself (a training loop then waited for ever). The
-# queue's put is safe in a finalizer (SimpleQueue.put is reentrant); the janitor is started by
-# `start_janitor`, from ordinary code, so that a finalizer never has to start a thread.
+# Run there, it deadlocked the thread on itself (a training loop then waited for ever). A finalizer
+# puts its close on the janitor's queue (SimpleQueue.put is safe in a finalizer), and the janitor,
+# started by `start_janitor` from ordinary code, runs each close on a thread of its own (so one slow
+# close delays no other, and no finalizer ever starts a thread).
 _janitor_queue: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
 _janitor: Optional[threading.Thread] = None
+_late: List[threading.Event] = []  # closes their finalizer stopped waiting for, not done yet
 FINALIZE_WAIT_S = 1.0  # how long a finalizer waits for its close (done at once unless it needs a lock held here)
 
 
@@ -57,14 +59,18 @@ def _clean() -> None:
         job = _janitor_queue.get()
         if job is None:
             return
-        close, done = job
-        try:
-            close()
-        except BaseException:  # noqa: BLE001 - as a finalizer's: nothing to report it to
-            pass
-        finally:
-            done.set()
-            del job, close, done
+        threading.Thread(target=_close_job, args=job, name="shardstream-finalize", daemon=True).start()
+        del job
+
+
+def _close_job(close: Callable[[], None], done: threading.Event) -> None:
+    _local.closing = True  # (a finalizer run here does not wait: see finalize)
+    try:
+        close()
+    except BaseException:  # noqa: BLE001 - as a finalizer's: nothing to report it to
+        pass
+    finally:
+        done.set()
 
 
 def start_janitor() -> None:
@@ -73,11 +79,14 @@ def start_janitor() -> None:
     if _janitor is None or not _janitor.is_alive():
         _janitor = threading.Thread(target=_clean, name="shardstream-janitor", daemon=True)
         _janitor.start()
+    if _late:
+        _late[:] = [done for done in _late if not done.is_set()]
 
 
 def _forget_janitor() -> None:
     global _janitor, _janitor_queue
     _janitor, _janitor_queue = None, queue.SimpleQueue()  # (a forked child: the parent's thread is not here)
+    _late.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -85,19 +94,23 @@ if hasattr(os, "register_at_fork"):
 
 
 def finalize(close: Callable[[], None]) -> None:
-    """A finalizer's `close()`: on the janitor thread, waited for up to FINALIZE_WAIT_S here
-    (so a dropped iterator is closed by the time `del` or `gc.collect()` returns, unless the
-    close needs a lock this thread holds; not waited for on the janitor or an event loop's
-    thread, which the close may wait on). Without a janitor (none started in this process
-    yet), run now."""
+    """A finalizer's `close()`: run by the janitor, waited for up to FINALIZE_WAIT_S here (so a
+    dropped iterator is closed by the time `del` or `gc.collect()` returns, unless the close
+    needs a lock this thread holds). Not waited for on an event loop's thread or a close's, which
+    the close may wait on, nor while an earlier close runs late: a collection that finds many
+    iterators under such a lock would stall this thread a second for each. Without a janitor
+    (none started in this process yet), run now."""
     janitor = _janitor
+    on_loop = threading.get_ident() in _loop_threads
     if janitor is None or not janitor.is_alive():
-        if threading.get_ident() in _loop_threads:  # (iterators start the janitor: not expected)
+        if on_loop:  # (iterators start the janitor: not expected)
             threading.Thread(target=close, name="shardstream-finalize", daemon=True).start()
         else:
             close()
         return
     done = threading.Event()
     _janitor_queue.put((close, done))
-    if threading.get_ident() != janitor.ident and threading.get_ident() not in _loop_threads:
-        done.wait(FINALIZE_WAIT_S)
+    if on_loop or getattr(_local, "closing", False) or any(not late.is_set() for late in _late):
+        return
+    if not done.wait(FINALIZE_WAIT_S):
+        _late.append(done)

@@ -244,7 +244,8 @@ class PartBudget:
         self._waiting: List[list] = []  # [key, bytes, future, part], granted ones dropped
         self._readers: Dict[Any, _Reader] = {}  # by reader key: its open streams and its window
         self._start = START_WINDOW  # a new reader's window: where the last pass (a grouped reader) paused
-        self._soon: Optional[asyncio.TimerHandle] = None  # a grant put off (see _grant_soon)
+        self._soon: Optional[asyncio.TimerHandle] = None  # a grant put off (see _grant_soon), on this loop:
+        self._soon_loop: Optional[asyncio.AbstractEventLoop] = None
 
     def open(self, group: Any, start: int, part_size: int = DEFAULT_PART, tuning: Optional[_Tuning] = None) -> _Reading:
         """Register a stream of reader `group` (None: a reader of its own), read after the ones
@@ -353,8 +354,9 @@ class PartBudget:
         streams one by one, the one being read first, and granted at once its bytes went to the
         parts of the streams about to close next (requests sent only to be dropped); by then they
         say they are abandoned (`Demand.abandoned`)."""
-        if self._soon is None:
-            self._soon = asyncio.get_running_loop().call_later(GRANT_AFTER_CLOSE_S, self._granted_soon)
+        loop = asyncio.get_running_loop()
+        if self._soon is None or self._soon_loop is not loop:  # (a loop shut down with a grant put off: see shutdown_loop)
+            self._soon, self._soon_loop = loop.call_later(GRANT_AFTER_CLOSE_S, self._granted_soon), loop
 
     def _granted_soon(self) -> None:
         self._soon = None

@@ -289,6 +289,7 @@ class SubprocessIterator:
         # the helper's start) took an item the training loop then never got.
         self._receiving = threading.Lock()
         self.pid = process.pid
+        self.serial: Optional[int] = None  # its number among the pipeline's iterations (set by follow)
         if pipeline is not None:
             # Until the helper reports: the progress a pass started here would have before its first item.
             self._report = (*pipeline.follow(self), pipeline.passes_started)
@@ -379,7 +380,7 @@ class SubprocessIterator:
         self._finalizer()
         if self._pipeline is not None and self._report is not None:
             # what PipelineIterator.close leaves behind: state_dict() after the loop still has it
-            self._pipeline.note_progress(tuple(self._report[:3]))
+            self._pipeline.note_progress(tuple(self._report[:3]), self.serial)
 
     def __del__(self) -> None:
         try:
