@@ -96,10 +96,10 @@ if hasattr(os, "register_at_fork"):
 def finalize(close: Callable[[], None]) -> None:
     """A finalizer's `close()`: run by the janitor, waited for up to FINALIZE_WAIT_S here (so a
     dropped iterator is closed by the time `del` or `gc.collect()` returns, unless the close
-    needs a lock this thread holds). Not waited for on an event loop's thread or a close's, which
-    the close may wait on, nor while an earlier close runs late: a collection that finds many
-    iterators under such a lock would stall this thread a second for each. Without a janitor
-    (none started in this process yet), run now."""
+    needs a lock this thread holds). Not waited for on an event loop's thread or a close's,
+    which the close may wait on, on the janitor's, which starts it, nor while an earlier close
+    runs late: a collection that finds many iterators under such a lock would stall this thread
+    a second for each. Without a janitor (none started in this process yet), run now."""
     janitor = _janitor
     on_loop = threading.get_ident() in _loop_threads
     if janitor is None or not janitor.is_alive():
@@ -110,7 +110,8 @@ def finalize(close: Callable[[], None]) -> None:
         return
     done = threading.Event()
     _janitor_queue.put((close, done))
-    if on_loop or getattr(_local, "closing", False) or any(not late.is_set() for late in _late):
+    if (on_loop or threading.get_ident() == janitor.ident or getattr(_local, "closing", False)
+            or any(not late.is_set() for late in _late)):
         return
     if not done.wait(FINALIZE_WAIT_S):
         _late.append(done)
