@@ -45,47 +45,52 @@ def runs_fetch_loop() -> None:
 # happens: inside a lock this thread holds that close() takes again (a stage's counters shared by
 # every pass, the cache's), or on the thread of the fetchers' event loop, which close() waits on.
 # Run there, it deadlocked the thread on itself (a training loop then waited for ever). A finalizer
-# puts its close on the janitor's queue (SimpleQueue.put is safe in a finalizer), and the janitor,
-# started by `start_janitor` from ordinary code, runs each close on a thread of its own (so one slow
-# close delays no other, and no finalizer ever starts a thread).
+# puts its close on the janitors' queue (SimpleQueue.put is safe in a finalizer); JANITORS threads,
+# started by `start_janitor` from ordinary code, take the closes from it, so one slow close delays
+# no other and no thread is started per close (a start needs threading's own lock, which a
+# collection inside threading.enumerate() holds).
 _janitor_queue: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
-_janitor: Optional[threading.Thread] = None
+_janitors: List[threading.Thread] = []
 _late: List[threading.Event] = []  # closes their finalizer stopped waiting for, not done yet
+JANITORS = 4
 FINALIZE_WAIT_S = 1.0  # how long a finalizer waits for its close (done at once unless it needs a lock held here)
+_start_lock = threading.Lock()
 
 
 def _clean() -> None:
+    _local.closing = True  # (a finalizer run here does not wait: see finalize)
     while True:
         job = _janitor_queue.get()
         if job is None:
             return
-        threading.Thread(target=_close_job, args=job, name="shardstream-finalize", daemon=True).start()
+        close, done = job
         del job
-
-
-def _close_job(close: Callable[[], None], done: threading.Event) -> None:
-    _local.closing = True  # (a finalizer run here does not wait: see finalize)
-    try:
-        close()
-    except BaseException:  # noqa: BLE001 - as a finalizer's: nothing to report it to
-        pass
-    finally:
-        done.set()
+        try:
+            close()
+        except BaseException:  # noqa: BLE001 - as a finalizer's: nothing to report it to
+            pass
+        finally:
+            done.set()
+            del close, done
 
 
 def start_janitor() -> None:
-    """Make sure the janitor runs (called where iterators are made: not in a finalizer)."""
-    global _janitor
-    if _janitor is None or not _janitor.is_alive():
-        _janitor = threading.Thread(target=_clean, name="shardstream-janitor", daemon=True)
-        _janitor.start()
+    """Make sure the janitors run (called where iterators are made: not in a finalizer)."""
+    if len(_janitors) < JANITORS or not all(thread.is_alive() for thread in _janitors):
+        with _start_lock:
+            _janitors[:] = [thread for thread in _janitors if thread.is_alive()]
+            while len(_janitors) < JANITORS:
+                thread = threading.Thread(target=_clean, name="shardstream-janitor", daemon=True)
+                thread.start()
+                _janitors.append(thread)
     if _late:
         _late[:] = [done for done in _late if not done.is_set()]
 
 
 def _forget_janitor() -> None:
-    global _janitor, _janitor_queue
-    _janitor, _janitor_queue = None, queue.SimpleQueue()  # (a forked child: the parent's thread is not here)
+    global _janitor_queue, _start_lock
+    _janitor_queue, _start_lock = queue.SimpleQueue(), threading.Lock()  # (a forked child: the parent's threads are not here)
+    _janitors.clear()
     _late.clear()
 
 
@@ -94,24 +99,24 @@ if hasattr(os, "register_at_fork"):
 
 
 def finalize(close: Callable[[], None]) -> None:
-    """A finalizer's `close()`: run by the janitor, waited for up to FINALIZE_WAIT_S here (so a
+    """A finalizer's `close()`: run by a janitor, waited for up to FINALIZE_WAIT_S here (so a
     dropped iterator is closed by the time `del` or `gc.collect()` returns, unless the close
-    needs a lock this thread holds). Not waited for on an event loop's thread or a close's,
-    which the close may wait on, on the janitor's, which starts it, nor while an earlier close
-    runs late: a collection that finds many iterators under such a lock would stall this thread
-    a second for each. Without a janitor (none started in this process yet), run now."""
-    janitor = _janitor
-    on_loop = threading.get_ident() in _loop_threads
-    if janitor is None or not janitor.is_alive():
-        if on_loop:  # (iterators start the janitor: not expected)
+    needs a lock this thread holds). Not waited for on shardstream's own threads (an event
+    loop, a pass's stream or pool thread, a janitor: the close may join or wait on them), nor
+    while an earlier close runs late: a collection that finds many iterators under such a lock
+    would stall this thread a second for each. Without a janitor (none started in this process
+    yet), run now."""
+    own = threading.get_ident() in _loop_threads or getattr(_local, "closing", False) or \
+        threading.current_thread().name.startswith("shardstream")
+    if not any(thread.is_alive() for thread in list(_janitors)):
+        if own:  # (iterators start the janitors: not expected)
             threading.Thread(target=close, name="shardstream-finalize", daemon=True).start()
         else:
             close()
         return
     done = threading.Event()
     _janitor_queue.put((close, done))
-    if (on_loop or threading.get_ident() == janitor.ident or getattr(_local, "closing", False)
-            or any(not late.is_set() for late in _late)):
+    if own or any(not late.is_set() for late in _late):
         return
     if not done.wait(FINALIZE_WAIT_S):
         _late.append(done)
