@@ -27,6 +27,7 @@ from ._base.errors import (
     ShardStreamError,
     UsageError,
 )
+from ._cache.check import CorruptCacheFile
 from ._fetch.options import FetchOptions
 from ._fetch.registry import register_fetcher
 from ._fetch.open import allow_pipe
@@ -112,6 +113,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cached",
     "Continue",
+    "CorruptCacheFile",
     "DataPipeline",
     "Decoder",
     "DecodingError",

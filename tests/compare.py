@@ -9,8 +9,11 @@ import numpy as np
 
 def assert_same(a: Any, b: Any, path: str = "sample") -> None:
     """Assert a and b are equal, recursing into dicts/lists/tuples, arrays, tensors, PIL images."""
-    import torch
     from PIL import Image
+
+    from needs import optional
+
+    torch = optional("torch")
 
     if isinstance(a, dict):
         assert isinstance(b, dict), f"{path}: {type(a)} vs {type(b)}"
@@ -26,7 +29,7 @@ def assert_same(a: Any, b: Any, path: str = "sample") -> None:
         assert isinstance(b, np.ndarray), f"{path}: {type(a)} vs {type(b)}"
         assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
         assert np.array_equal(a, b), f"{path}: arrays differ"
-    elif isinstance(a, torch.Tensor):
+    elif torch is not None and isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{path}: {type(a)} vs {type(b)}"
         assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
         assert torch.equal(a, b), f"{path}: tensors differ"

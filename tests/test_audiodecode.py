@@ -6,12 +6,14 @@ import pickle
 
 import numpy as np
 import pytest
-import torch
 
 import shardstream as wds
 from shardstream._decode.audio import AudioOptions, decode_audio
 
 from mediagen import AUDIO_FORMATS, audio_params, can_encode, make_audio
+from needs import needs_torch, optional
+
+torch = optional("torch")
 
 
 def peak_frequency(samples: np.ndarray, rate: int) -> float:
@@ -68,12 +70,14 @@ def test_a_window_counts_from_the_first_sample_whatever_its_timestamp():
     np.testing.assert_array_equal(head, whole[:, : rate // 2])
 
 
+@needs_torch
 def test_torch_output_and_layout():
     samples, rate = wds.audiohandler("torch", layout="TC")(".wav", make_audio("wav", channels=2))
     assert isinstance(samples, torch.Tensor) and samples.dtype == torch.float32
     assert samples.shape == (rate // 2, 2)
 
 
+@needs_torch
 def test_torch_audio_has_torchaudio_load_layout():
     waveform, rate = wds.torch_audio(".wav", make_audio("wav", channels=2))
     assert isinstance(waveform, torch.Tensor) and waveform.dtype == torch.float32

@@ -10,6 +10,7 @@ import pytest
 from shardsets import corrupt_header, sample_members, write_tar
 
 import shardstream as wds
+from needs import needs_torch
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
@@ -213,6 +214,7 @@ def test_a_shard_cut_at_a_member_boundary_is_read_with_a_warning(tmp_path, caplo
     assert not [r for r in caplog.records if "end-of-archive" in r.getMessage()]
 
 
+@needs_torch
 def test_an_error_from_a_dataloader_worker_keeps_its_location(tmp_path):
     """torch's DataLoader rebuilds a worker's exception from its text: the url, member and
     offset attributes came back None. A note carries them across as JSON, read back as torch
@@ -253,6 +255,7 @@ def test_an_error_from_a_dataloader_worker_keeps_its_location(tmp_path):
 
 
 @pytest.mark.parametrize("batch_size", [None, 2])
+@needs_torch
 def test_a_webloader_whose_worker_failed_lets_its_workers_go_at_once(tmp_path, batch_size):
     """torch shuts its workers down when its iterator ends, not when it re-raises a worker's
     error; the re-raise leaves the iterator in a reference cycle, so they lived on until a garbage
@@ -281,6 +284,7 @@ def _corrupt(sample):
                            reason="digest mismatch")
 
 
+@needs_torch
 def test_location_notes_are_read_back_only_from_torch_text_and_the_last_one_wins(tmp_path):
     """The location note is read back only from the text torch rebuilds a worker's error from,
     and from the error's own note (torch prints its causes first); an error whose class takes

@@ -29,7 +29,8 @@ from shardsets import payload_digests, write_served
 import xxhash
 
 import shardstream as wds
-from shardstream._cache.check import BlockDigest, CorruptCacheFile
+from shardstream import CorruptCacheFile
+from shardstream._cache.check import BlockDigest
 from shardstream._cache.naming import _file_lock, cache_file_name
 from shardstream._cache.disk import DiskTier
 from shardstream._cache.memory import CHUNK_SIZE

@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from needs import needs_torch
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "contention.py")
 
 
 @pytest.mark.timeout(120)
+@needs_torch
 def test_contention_benchmark_smoke(tmp_path):
     command = [
         sys.executable, SCRIPT, "--samples", "48", "--shards", "2", "--batch", "8", "--step-ms", "2",

@@ -19,7 +19,6 @@ import msgpack
 import numpy as np
 import PIL.Image
 import pytest
-import torch
 import webdataset.autodecode as wa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +28,9 @@ import shardstream._decode.basic as _decode
 import shardstream.autodecode as sa
 from shardstream._decode import tenbin as _tenbin
 from shardstream._base.errors import ShardStreamError, UsageError
+from needs import needs_torch, optional
+
+torch = optional("torch")
 
 IMAGE_SPECS = sorted(wa.imagespecs)
 
@@ -42,7 +44,7 @@ def assert_same(ours, theirs, where="value"):
         assert isinstance(ours, np.ndarray), where
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, where
         np.testing.assert_array_equal(ours, theirs, err_msg=where)
-    elif isinstance(theirs, torch.Tensor):
+    elif torch is not None and isinstance(theirs, torch.Tensor):
         assert isinstance(ours, torch.Tensor), where
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, where
         assert torch.equal(ours, theirs), where
@@ -162,6 +164,7 @@ def _pickle_defaults(monkeypatch):
 
 
 @pytest.mark.parametrize("spec", IMAGE_SPECS)
+@needs_torch
 def test_every_image_spec_matches_webdataset(spec):
     ours, theirs = both(lambda m: [m.imagehandler(spec)], full_sample())
     assert_same(ours, theirs)
@@ -207,6 +210,7 @@ def test_image_handler_with_own_extensions():
     spec=st.sampled_from(IMAGE_SPECS),
     seed=st.integers(0, 1000),
 )
+@needs_torch
 def test_random_images_match_webdataset(height, width, mode, fmt, spec, seed):
     image = PIL.Image.fromarray(rng_image((height, width, 3), seed)).convert(mode)
     if fmt != "PNG" and mode not in ("L", "RGB"):
@@ -582,6 +586,7 @@ def pickled_sample():
 
 
 @pytest.mark.parametrize("field", ["pyd", "pickle", "pkl", "pth"])
+@needs_torch
 def test_pickle_is_refused_by_default(field):
     sample = {"__key__": "p", field: pickled_sample()[field]}
     with pytest.raises(UsageError) as info:
@@ -593,6 +598,7 @@ def test_pickle_is_refused_by_default(field):
         sa.basichandlers("." + field, sample[field])
 
 
+@needs_torch
 def test_pickle_enabled_by_switch_matches_webdataset():
     assert sa.allow_pickle(True) is None
     ours, theirs = both(lambda m: [], pickled_sample())
@@ -602,6 +608,7 @@ def test_pickle_enabled_by_switch_matches_webdataset():
         sa.Decoder([])(pickled_sample())
 
 
+@needs_torch
 def test_pickle_enabled_by_environment(monkeypatch):
     monkeypatch.setenv("SHARDSTREAM_ALLOW_PICKLE", "1")
     ours, theirs = both(lambda m: [], pickled_sample())
@@ -611,6 +618,7 @@ def test_pickle_enabled_by_environment(monkeypatch):
         sa.Decoder([])(pickled_sample())
 
 
+@needs_torch
 def test_pickle_enabled_per_decoder_and_only_inside_it():
     ours = sa.Decoder([], allow_pickle=True)(pickled_sample())
     assert_same(ours, wa.Decoder([])(pickled_sample()))
@@ -642,6 +650,7 @@ def test_per_decoder_permission_does_not_leak_across_threads():
     assert seen == [False]
 
 
+@needs_torch
 def test_weights_only_torch_load_needs_no_opt_in(monkeypatch):
     monkeypatch.setattr(_decode, "pytorch_weights_only", True)
     buffer = io.BytesIO()
@@ -653,6 +662,7 @@ def test_weights_only_torch_load_needs_no_opt_in(monkeypatch):
 # --- video and audio ----------------------------------------------------------------------------------
 
 
+@needs_torch
 def test_video_and_audio_handlers_exist_and_fail_clearly(monkeypatch):
     assert sa.torch_video(".txt", b"") is None and sa.torch_audio(".jpg", b"") is None
     # webdataset's extension lists, case-sensitive as there: other fields stay bytes.

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import webdataset
 from compare import assert_same, assert_same_stream
+from needs import HAVE_TORCH, needs_torch
 
 import shardstream
 
@@ -81,6 +82,7 @@ PIPELINES = {
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
+@needs_torch
 def test_same_items_as_webdataset(shardset, name):
     expected, actual = run(PIPELINES[name], shardset)
     assert len(expected) > 0
@@ -141,6 +143,7 @@ def _loader_batches(wds, shards, **loader_options):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+@needs_torch
 def test_webloader_converts_items_like_webdataset(shardset, num_workers):
     """WebLoader(batch_size=None) hands each batch through torch's per-item conversion, as a plain
     DataLoader does: numpy columns become tensors, tuples lists (its worker tags ride around it)."""
@@ -158,6 +161,7 @@ def test_webloader_converts_items_like_webdataset(shardset, num_workers):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+@needs_torch
 def test_webloader_calls_the_callers_collate_fn_on_each_item(shardset, num_workers):
     def describe(item):
         return ("collated", type(item).__name__, item[-1])
@@ -167,6 +171,7 @@ def test_webloader_calls_the_callers_collate_fn_on_each_item(shardset, num_worke
     assert actual == expected and actual[0][:2] == ("collated", "tuple")
 
 
+@needs_torch
 def test_webloader_items_are_pinned_like_a_plain_dataloaders(monkeypatch):
     """DataLoader(pin_memory=True)'s pin thread calls torch's `pin_memory` on every item it gets; a
     WebLoader's items are worker-tagged there and must be pinned all the same (the tensors
@@ -185,7 +190,7 @@ def test_webloader_items_are_pinned_like_a_plain_dataloaders(monkeypatch):
     assert pin_memory(Tagged(WORKER_END, 1, 8)).item is WORKER_END
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="pinned memory needs CUDA")
+@pytest.mark.skipif(not HAVE_TORCH or not __import__("torch").cuda.is_available(), reason="pinned memory needs CUDA")
 def test_webloader_pin_memory_pins_on_cuda(shardset):
     batches = _loader_batches(shardstream, shardset, num_workers=2, pin_memory=True)
     assert batches and all(b[0].is_pinned() and b[1].is_pinned() for b in batches)
@@ -231,6 +236,7 @@ def _shard_order(dataset) -> list:
     return order
 
 
+@needs_torch
 def test_shard_shuffle_is_webdatasets_in_epoch_0_and_new_every_epoch_after(shardset):
     """`shardshuffle=N` with the default splitter: webdataset 1.0.2 seeds every pass alike, so its
     shard order repeats every epoch; here epoch 0 is its order and every later epoch (a later

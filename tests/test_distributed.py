@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from shardsets import sample_members, write_tar
+from needs import needs_torch
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ddp_equal.py")
 SIZES = [5, 40, 12, 23, 8, 31, 17]
@@ -49,6 +50,7 @@ def _torchrun(out, shards, *extra, nproc=2):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_ranks_get_equal_batches_and_disjoint_samples(uneven_shards, tmp_path):
     ranks = _torchrun(tmp_path / "full", uneven_shards)
     assert ranks[0]["batches"] == ranks[1]["batches"] > 0
@@ -64,6 +66,7 @@ def test_ranks_get_equal_batches_and_disjoint_samples(uneven_shards, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_resume_mid_epoch_completes_the_epoch_exactly(uneven_shards, tmp_path):
     full = _torchrun(tmp_path / "full", uneven_shards)
     first = _torchrun(tmp_path / "first", uneven_shards, "--stop-after", "5")
@@ -77,6 +80,7 @@ def test_resume_mid_epoch_completes_the_epoch_exactly(uneven_shards, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_elastic_resume_on_fewer_ranks(uneven_shards, tmp_path):
     """Checkpoint 2 ranks mid-epoch (states gathered over gloo), finish the epoch on 1 rank:
     every sample of the epoch exactly once (136 divides by 2 and by 1: nothing dropped)."""
@@ -90,6 +94,7 @@ def test_elastic_resume_on_fewer_ranks(uneven_shards, tmp_path):
 
 
 @pytest.mark.timeout(400)
+@needs_torch
 def test_chained_elastic_resumes_share_one_history(uneven_shards, tmp_path):
     """2 ranks -> 1 -> 2 -> 1 in one epoch, states gathered over gloo and saved as JSON each
     time: every sample once, and the gathered states of a resumed run share the history they
@@ -111,6 +116,7 @@ def test_chained_elastic_resumes_share_one_history(uneven_shards, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_subprocess_loader_per_rank(uneven_shards, tmp_path):
     """One helper process per rank (WebLoader(subprocess=True)): equal batch counts, disjoint
     samples, nothing dropped (its resume is the resume harness's, test_resume.py)."""
@@ -121,6 +127,7 @@ def test_subprocess_loader_per_rank(uneven_shards, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_ranks_started_without_env_split_in_spawned_workers(uneven_shards, tmp_path):
     """Ranks that know their place only from init_process_group (no RANK/WORLD_SIZE: srun,
     mp.spawn) hand it to DataLoader workers started by spawn, which unpickle the dataset outside
@@ -161,6 +168,7 @@ def _gather_mixed(rank, port, out):
 
 
 @pytest.mark.timeout(120)
+@needs_torch
 def test_gather_states_of_ranks_with_different_histories_gives_them_whole(tmp_path):
     """Every rank takes the same branch after the first gather (it decides from the gathered
     list alone): a rank without a history used to skip the second gather the others waited in."""

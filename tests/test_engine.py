@@ -15,6 +15,7 @@ import pytest
 
 import shardstream as wds
 from shardstream._engine.segments import split_segments
+from needs import needs_torch
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
@@ -124,6 +125,7 @@ def _slowly(src):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["engine", "engine+map", "generators", "webloader"])
+@needs_torch
 def test_closing_an_iterator_from_another_thread_ends_the_loop(shardset, how):
     """A watchdog thread closes the iterator the training loop waits on: the loop went on with a
     whole new pass (its samples twice), or got the engine's private Stopped, or (WebLoader) the
@@ -228,6 +230,7 @@ def _spin(sample):
     return sample
 
 
+@needs_torch
 def test_the_default_pool_stops_at_eight_threads_and_the_verdict_names_the_gil(shardset, monkeypatch):
     """On a many-core machine the default pool is capped (past a few cores the GIL, not the cores,
     bounds Python per-sample work), and a GIL-bound parallel stage says so and points to processes."""
@@ -329,6 +332,7 @@ def test_pipelines_pickle(shardset):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+@needs_torch
 def test_dataloader_workers_run_the_engine(shardset, num_workers):
     import torch.utils.data
 
@@ -341,6 +345,7 @@ def test_dataloader_workers_run_the_engine(shardset, num_workers):
     assert sorted(k for (k,) in plain) == expected
 
 
+@needs_torch
 def test_a_webloader_with_persistent_workers_lets_them_go_when_it_goes(shardset):
     """A WebLoader was a reference cycle (a bound method of its own among its stages), so the
     persistent workers its DataLoader keeps lived on until a garbage collection, whose finalizer
@@ -371,6 +376,7 @@ def test_a_webloader_with_persistent_workers_lets_them_go_when_it_goes(shardset)
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "copy", "with_engine", "compose"])
+@needs_torch
 def test_a_copy_of_a_webloader_keeps_its_own_count_and_outlives_the_original(shardset, how):
     """The stage that counts a WebLoader's items holds its loader weakly (above); every kind of
     copy gets a stage of its own that serves the copy, not the original (whose count it used to
@@ -399,6 +405,7 @@ def _thread_name(sample):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
 @pytest.mark.parametrize("threads", [None, 2])
+@needs_torch
 def test_workers_with_a_core_or_less_each_run_without_engine_threads(shardset, threads):
     """Two workers with one core each: the processes are the parallelism, so each runs its pipeline
     in its own thread (as webdataset does); with `threads` set, the engine runs as asked."""

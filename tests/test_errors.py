@@ -14,6 +14,7 @@ from shardstream import (
     UsageError,
 )
 from shardstream._base.errors import redact_url
+from needs import needs_torch
 
 
 @pytest.mark.parametrize(
@@ -54,6 +55,7 @@ def test_errors_pickle_with_their_location():
     assert type(clone) is ShardNotFound and str(clone) == str(exc) and clone.url == exc.url
 
 
+@needs_torch
 def test_errors_pickle_with_their_notes():
     """A worker's or helper's error keeps the note that names the stage that raised it."""
     from shardstream._cache.check import CorruptCacheFile
@@ -91,6 +93,7 @@ def test_a_cause_that_holds_a_secret_is_chained_redacted():
 
 
 @pytest.mark.parametrize("workers", [0, 1])
+@needs_torch
 def test_a_decoding_error_names_the_members_byte_offset(tmp_path, workers):
     """Errors name URL, member and offset; a DecodingError named no offset (the sample does not
     carry its members' places). It is looked up when the error is made (a local uncompressed

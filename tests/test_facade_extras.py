@@ -43,6 +43,7 @@ import shardstream.shardlists
 import shardstream.tenbin
 import shardstream.utils
 import shardstream.writer
+from needs import needs_torch
 
 # `wds.gopen` is the function (the package attribute hides the module, in both libraries)
 OURS_GOPEN, THEIRS_GOPEN = sys.modules["shardstream.gopen"], sys.modules["webdataset.gopen"]
@@ -355,6 +356,7 @@ def _message(exn_info):
     return re.sub(r" \(url=.*\)$", "", str(exn_info.value))  # ours also says where
 
 
+@needs_torch
 def test_enforce_security_refuses_what_webdataset_refuses(tmp_path, monkeypatch, pipes_on):
     import pickle
 
@@ -444,6 +446,7 @@ def test_cache_filetypes_like_webdataset(tmp_path):
             module.url_to_cache_name(123)
 
 
+@needs_torch
 def test_extradatasets_repeatedly_runs():
     # webdataset's class cannot even be made (no __iter__, and it never stores nepochs: README
     # divergence); ours

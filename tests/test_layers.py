@@ -13,6 +13,7 @@ from typing import Dict, Iterator, List, Set, Tuple
 import pytest
 
 import shardstream
+from needs import needs_torch
 
 ROOT = pathlib.Path(shardstream.__file__).parent
 README = (ROOT / "README.md").read_text()
@@ -112,6 +113,7 @@ def test_every_file_has_a_readme_line(subpackage):
     assert f"`{subpackage}/`" in README  # and the package README lists the subpackage
 
 
+@needs_torch
 def test_the_package_and_tests_readmes_name_every_file():
     """shardstream/README.md has a line for every top-level module, tests/README.md for every file
     of tests/ (the subpackages' READMEs are checked above)."""

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 import shardstream as wds
+from needs import needs_torch
 
 SCRIPT = textwrap.dedent(
     """
@@ -43,6 +44,7 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("order", ["torch-first", "shardstream-first"])
+@needs_torch
 def test_torch_iterable_dataset_subclass_is_a_source(order):
     done = subprocess.run([sys.executable, "-c", SCRIPT, order], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -82,6 +84,7 @@ def _epoch_shards(tmp_path):
             for n in range(8)]
 
 
+@needs_torch
 def test_set_epoch_reaches_a_plain_dataloaders_persistent_workers(tmp_path):
     """The README says a set epoch reaches DataLoader workers, persistent ones too; only
     WebLoader shared it, so with torch's own DataLoader(persistent_workers=True) every epoch
@@ -104,6 +107,7 @@ def test_set_epoch_reaches_a_plain_dataloaders_persistent_workers(tmp_path):
     assert len({tuple(order) for order in persistent}) == 3  # (each epoch its own order)
 
 
+@needs_torch
 def test_a_webloader_with_persistent_workers_copies_and_pickles(tmp_path):
     """Its shared epoch cell (a RawValue) pickled only while a worker was being started:
     copy.deepcopy or pickle of the loader failed ("cannot pickle 'mmap.mmap' object"), where
@@ -130,6 +134,7 @@ print([value for value, in loader])
 """
 
 
+@needs_torch
 def test_process_switches_reach_workers_started_by_spawn(tmp_path):
     """`allow_pipe(True)` and `allow_pickle(True)` (and the engine defaults, and webdataset's
     enforce_security) are process-wide: a spawned or forkserver DataLoader worker imports the
@@ -146,6 +151,7 @@ def test_process_switches_reach_workers_started_by_spawn(tmp_path):
     assert done.stdout.strip() == "[{'i': 0}, {'i': 1}, {'i': 2}]"
 
 
+@needs_torch
 def test_switches_set_after_the_dataset_is_built_hold_in_forked_workers(tmp_path, monkeypatch):
     """The first version sent the switches with every copy of a pipeline (each fluid call copies
     it) and applied them in every worker: a forked worker ran with the values of when the dataset

@@ -12,10 +12,10 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 import shardstream as wds
 from shardstream.prefetch import DevicePrefetcher, to_device
+torch = pytest.importorskip("torch", reason="the prefetcher moves torch tensors")
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 

@@ -13,6 +13,7 @@ import shardstream as wds
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
 from shardserver import ShardServer  # noqa: E402
+from needs import needs_torch
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
@@ -237,6 +238,7 @@ def _warm_script(mode, urls, local, *extra):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_a_remote_dataset_imports_its_fetcher_when_built_and_forks_safely(served, shardset):
     """Built over http URLs, a WebDataset (or a function-style pipeline's shard list) starts
     importing the fetcher (aiohttp) in the background, so that the first fetch does not import it

@@ -18,6 +18,7 @@ from shardserver import ShardServer
 from shardsets import sample_members, write_tar
 
 import shardstream as wds
+from needs import needs_torch
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
@@ -107,6 +108,7 @@ def test_resume_direct(shardset, name, monkeypatch):
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("name", ["source", "seeded_sample_shuffle", "partial_batches"])
+@needs_torch
 def test_resume_webloader(shardset, name, workers):
     check_resume(
         lambda: wds.WebLoader(STAGES[name](shardset), batch_size=None, num_workers=workers),
@@ -121,6 +123,7 @@ def test_resume_subprocess(shardset, name):
 
 
 @pytest.mark.parametrize("name", ["seeded_sample_shuffle"])
+@needs_torch
 def test_resume_webloader_subprocess(shardset, name):
     check_resume(
         lambda: wds.WebLoader(STAGES[name](shardset), batch_size=None, subprocess=True),
@@ -129,6 +132,7 @@ def test_resume_webloader_subprocess(shardset, name):
 
 
 @pytest.mark.parametrize("loader", ["direct", "subprocess"])
+@needs_torch
 def test_resume_device_prefetcher(shardset, loader):
     """The prefetcher runs ahead of the consumer; its state is that of the last batch handed out."""
     def build():
@@ -297,6 +301,7 @@ def test_seeking_resume_of_a_shard_not_in_the_cache_reads_the_rest_from_the_orig
         assert cached["hits"] == 0 and cached["bytes_written"] == os.path.getsize(shards[2])
 
 
+@needs_torch
 def test_webloader_state_is_plain_data(shardset):
     loader = wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=2)
     it = iter(loader)
@@ -412,6 +417,7 @@ def _run_ranks(monkeypatch, world, workers, build, take=None, load=None):
 
 @pytest.mark.parametrize("shuffle", [0, 10, "explicit"])
 @pytest.mark.parametrize("new_world,new_workers", [(3, 1), (1, 3), (2, 1), (4, 2)])
+@needs_torch
 def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world, new_workers, shuffle):
     build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle)  # noqa: E731
     full, _ = _run_ranks(monkeypatch, 2, 2, build)
@@ -440,6 +446,7 @@ def test_elastic_resume_finishes_the_epoch(monkeypatch, uneven_shards, new_world
 
 @pytest.mark.parametrize("shuffle", [0, 10])
 @pytest.mark.parametrize("new_world,new_workers", [(2, 1), (3, 2), (1, 3)])
+@needs_torch
 def test_elastic_resume_from_one_rank(monkeypatch, uneven_shards, new_world, new_workers, shuffle):
     """On one rank the splitter counts nothing and hands whole shards to the workers; a state
     saved there still finishes its epoch on any layout (counts are found when resuming)."""
@@ -456,6 +463,7 @@ def test_elastic_resume_from_one_rank(monkeypatch, uneven_shards, new_world, new
 
 
 @pytest.mark.parametrize("shuffle", [0, 10])
+@needs_torch
 def test_elastic_resume_twice(monkeypatch, uneven_shards, shuffle):
     """2x2 -> 3x1 mid-epoch -> 2x2 again: still no sample twice, only remainders dropped."""
     build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle)  # noqa: E731
@@ -469,6 +477,7 @@ def test_elastic_resume_twice(monkeypatch, uneven_shards, shuffle):
     assert len(delivered) == 16 + 36 + left2 - left2 % 2
 
 
+@needs_torch
 def test_elastic_resume_refuses_what_it_cannot_do(monkeypatch, uneven_shards):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -543,6 +552,7 @@ def test_remainder_policy(monkeypatch, uneven_shards, remainder, each):
     assert len(set(keys)) == min(len(keys), 136)
 
 
+@needs_torch
 def test_loader_counts_samples_once_not_in_every_worker(monkeypatch, uneven_shards, tmp_path):
     """Without sizes.json or .idx, local shards are counted by walking their headers, in the main
     process; the workers get the counts with the dataset instead of each walking every shard."""
@@ -585,6 +595,7 @@ def test_resuming_an_unseeded_pipeline_warns(shardset):
         seeded().load_state_dict(state)
 
 
+@needs_torch
 def test_counting_in_the_main_process_does_not_advance_shard_shuffles(monkeypatch, uneven_shards):
     """OpenCLIP's shape: shard shuffle before split_by_node; the main process counts samples
     before the workers start, and the workers must still see the epoch's shard order."""
@@ -602,6 +613,7 @@ def test_counting_in_the_main_process_does_not_advance_shard_shuffles(monkeypatc
     assert keys(2) == keys(0)
 
 
+@needs_torch
 def test_webloader_epochs_advance_without_set_epoch(monkeypatch, uneven_shards):
     """DataLoader workers get a fresh dataset copy every epoch; the loader numbers the epochs so
     shard order and seeded sample shuffles still change, exactly as with set_epoch(0), (1), ..."""
@@ -698,6 +710,7 @@ def test_each_worker_reads_other_shards_every_epoch(monkeypatch, uneven_shards):
 
 
 @pytest.mark.parametrize("on", ["loader", "dataset"])
+@needs_torch
 def test_persistent_workers_take_each_epoch_set(uneven_shards, on):
     """Persistent workers keep the copy of the dataset they started with: an epoch set later
     reaches them through the loader (it did not: every epoch repeated epoch 0's order, and a
@@ -789,6 +802,7 @@ def test_a_mix_of_shuffled_datasets_resumes_a_later_epoch_exactly(uneven_shards,
     assert epoch(resumed, 2) == expected[2]
 
 
+@needs_torch
 def test_a_mix_under_webloader_workers_changes_every_epoch(uneven_shards):
     mixed = wds.DataPipeline(wds.RoundRobin([keyed(wds.WebDataset(uneven_shards[:4], shardshuffle=5, seed=1)),
                                              keyed(wds.WebDataset(uneven_shards[4:], shardshuffle=5, seed=2))],
@@ -802,6 +816,7 @@ def test_a_mix_under_webloader_workers_changes_every_epoch(uneven_shards):
 
 
 @pytest.mark.parametrize("n", [10, 45])
+@needs_torch
 def test_persistent_workers_resume_a_later_with_epoch_iteration_exactly(uneven_shards, n):
     """with_epoch(n) with persistent workers: each worker's copy counts its own passes, and one
     whose share is under n wraps into another pass within an iteration, so the workers' pass
@@ -819,6 +834,7 @@ def test_persistent_workers_resume_a_later_with_epoch_iteration_exactly(uneven_s
 
 
 @pytest.mark.parametrize("mix", ["round_robin", "random_mix"])
+@needs_torch
 def test_a_webloader_over_a_mix_keeps_a_state(uneven_shards, mix):
     """A mix given straight to a WebLoader resumes as one inside a DataPipeline does (it said the
     loader needed "a shardstream dataset and batch_size=None", with batch_size=None given)."""
@@ -843,6 +859,7 @@ def _url_and_worker(sample):
     return sample["__url__"], torch.utils.data.get_worker_info().id
 
 
+@needs_torch
 def test_webloader_workers_read_other_shards_every_epoch(uneven_shards):
     """The same through real DataLoader workers, fresh copies every epoch: the WebLoader's epochs
     reach them."""
@@ -881,6 +898,7 @@ def test_ranks_spread_shards_only_on_a_seed_they_share(monkeypatch, uneven_shard
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@needs_torch
 def test_an_epoch_set_by_hand_stays_after_a_resume_as_it_does_without_one(monkeypatch, uneven_shards, workers):
     """set_epoch(e) holds for every iteration until it is set again; a loader resumed from a state
     saved under it holds it too (with workers, its later iterations counted on from e instead)."""
@@ -912,6 +930,7 @@ def test_resume_in_a_later_with_epoch_pass_keeps_per_pass_shuffles(shardset, eng
     check_resume(build, checkpoints=(0, 21, 33, 50), seeks=False)
 
 
+@needs_torch
 def test_elastic_resume_when_a_new_worker_has_nothing_left(monkeypatch, uneven_shards):
     build = lambda workers: _elastic_loader(uneven_shards, workers, shuffle=2)  # noqa: E731
     before, states = _run_ranks(monkeypatch, 2, 1, build, take=lambda rank: 16)  # 64 of 68 each
@@ -964,11 +983,13 @@ def test_custom_opener_resumes_by_skipping(uneven_shards):
     check_resume(build_with_opener, checkpoints=(0, 7, 30), seeks=True)
 
 
+@needs_torch
 def test_fluid_stages_on_a_webloader_resume(shardset):
     check_resume(lambda: wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=0).map(lambda x: x),
                  checkpoints=(0, 7))
 
 
+@needs_torch
 def test_set_epoch_on_the_dataset_after_the_loader_is_built(monkeypatch, uneven_shards):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -978,6 +999,7 @@ def test_set_epoch_on_the_dataset_after_the_loader_is_built(monkeypatch, uneven_
     assert _keys(list(loader)) == _keys(list(reference))
 
 
+@needs_torch
 def test_persistent_workers_still_change_the_order_every_epoch(monkeypatch, uneven_shards):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -1029,6 +1051,7 @@ def test_unseeded_random_stages_warn_on_resume(shardset):
 
 
 @pytest.mark.parametrize("kind", ["dataset", "webloader0", "persistent-workers", "persistent-workers-one-node", "resampled"])
+@needs_torch
 def test_resume_in_a_later_automatic_epoch(monkeypatch, uneven_shards, kind):
     """No set_epoch: each iteration is the next epoch. A checkpoint in epoch 1 resumed by a
     fresh dataset (a new process) continues epoch 1, not epoch 0's order, and epoch 2 follows.
@@ -1055,6 +1078,7 @@ def test_resume_in_a_later_automatic_epoch(monkeypatch, uneven_shards, kind):
     assert list(resumed) == epoch2
 
 
+@needs_torch
 def test_loader_with_epoch_counts_the_items_before_the_checkpoint(shardset):
     check_resume(lambda: wds.WebLoader(STAGES["source"](shardset), batch_size=None, num_workers=2).with_epoch(20),
                  checkpoints=(0, 7, 19))
@@ -1070,6 +1094,7 @@ def test_resume_at_the_very_end_of_a_with_epoch_iteration(monkeypatch, uneven_sh
     )
 
 
+@needs_torch
 def test_fewer_samples_per_rank_than_workers(monkeypatch, tmp_path):
     shard = write_tar(str(tmp_path / "tiny.tar"), [m for i in range(5) for m in sample_members(i, exts=("cls",))])
     keys = []
@@ -1144,6 +1169,7 @@ def test_the_harness_covers_every_implementation_of_the_state_contract():
             assert not param or param.rstrip("]") in STAGES, case
 
 
+@needs_torch
 def test_a_numpy_epoch_keeps_states_json(shardset):
     """`for epoch in np.arange(...)`: set_epoch takes the numpy int as an int."""
     import numpy as np
@@ -1216,6 +1242,7 @@ def served_big_shards(tmp_path_factory):
         yield server, names, sum(os.path.getsize(root / name) for name in names)
 
 
+@needs_torch
 def test_elastic_resume_after_a_seeded_shuffle_reads_each_shard_once(monkeypatch, served_big_shards):
     """The samples a shuffle buffer held at the checkpoint are holes scattered over the shards a
     worker was reading: the resumed worker reads each such shard once, in one request, not once
@@ -1259,6 +1286,7 @@ def test_ranges_of_one_shard_in_a_row_read_on_and_resume_exactly(uneven_shards, 
 
 
 @pytest.mark.parametrize("remainder", ["drop", "wrap"])
+@needs_torch
 def test_an_elastic_resume_replays_only_the_old_workers_a_new_rank_draws_on(monkeypatch, uneven_shards, remainder):
     """Finding which samples a seeded shuffle buffer had handed on replays it over the old
     worker's whole part. Every new worker replayed every old worker: O(samples delivered by all

@@ -11,6 +11,7 @@ import pytest
 import webdataset
 
 import shardstream
+from needs import needs_torch
 
 HERE = os.path.dirname(__file__)
 
@@ -88,6 +89,7 @@ def test_expand_urls_accepts_lists_like_0_2():
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@needs_torch
 def test_workers_started_by_spawn_or_forkserver_run_the_script_on_shardstream_too(shardset, context):
     """Such workers import the script again (`import webdataset`) before they unpickle the
     pipeline, and had the real webdataset: OpenCLIP's pipeline then met 1.0.2's end-of-shard `{}`

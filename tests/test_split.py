@@ -14,6 +14,7 @@ import shardstream._resume.equal_split as split_module
 import webdataset
 
 from shardsets import sample_members, write_tar
+from needs import needs_torch
 
 SIZES = [3, 9, 4, 12, 5, 7, 2, 6]  # uneven on purpose: 48 samples in 8 shards
 
@@ -192,6 +193,7 @@ def test_a_pipeline_over_urls_that_are_not_files_is_not_opened_to_split(monkeypa
             assert [item["url"] for item in ours] == [item["url"] for item in theirs]
 
 
+@needs_torch
 def test_split_by_node_after_the_shard_reader_splits_samples_like_webdataset(monkeypatch, server):
     """A small validation set spread over ranks sample by sample: the splitter then gets samples,
     not shards, and splits them one by one as webdataset does. A loader's state (which asks the
@@ -321,6 +323,7 @@ def test_a_count_below_the_shard_s_samples_under_a_continuing_handler_skips_the_
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@needs_torch
 def test_a_count_of_0_for_a_shard_with_samples_is_an_error_not_lost_samples(tmp_path, monkeypatch, workers):
     """sizes.json says 0 (indexed while it was written), the shard holds 8: a shard counted
     empty is in no rank's plan, so its samples were silently never read. One worker of one rank
@@ -374,6 +377,7 @@ def _counted_shards(root, sizes):
 
 
 @pytest.mark.parametrize("with_epoch", [False, True])
+@needs_torch
 def test_an_elastic_resume_with_empty_shards_or_a_per_worker_epoch(tmp_path, monkeypatch, with_epoch):
     """Two ranks save, one rank resumes. Shards counted 0 were checked by pieces put before the
     plan, so saved slice indexes moved and 55 of 123 samples were lost; a with_epoch length per
@@ -423,6 +427,7 @@ dist.destroy_process_group()
 """
 
 
+@needs_torch
 def test_a_splitter_given_a_process_group_goes_to_spawned_workers(tmp_path):
     """A process group does not pickle: EqualSplit(group=...) under spawn or forkserver
     DataLoader workers (the default start method from Python 3.14) failed with "cannot pickle
@@ -439,6 +444,7 @@ def test_a_splitter_given_a_process_group_goes_to_spawned_workers(tmp_path):
     assert done.stdout.strip() == str([f"s{i:04d}" for i in range(20)])
 
 
+@needs_torch
 def test_the_plan_over_a_shard_list_is_made_once_and_follows_a_changed_list(monkeypatch, files):
     """Over a million shards the scheduler costs seconds to make: a loader's main process makes
     it (its forked workers inherit it) and later passes over the same list keep it; a list

@@ -20,11 +20,13 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 import shardstream as wds
 from shardstream import SubprocessLoader
 from shardstream._loader.subprocess import RemoteTraceback
+from needs import needs_torch, optional
+
+torch = optional("torch")
 
 warnings.filterwarnings("ignore", message=".*shardshuffle.*")
 
@@ -130,7 +132,7 @@ def _arrays(shards):
 
 
 def _same(a, b):
-    if isinstance(a, torch.Tensor):
+    if torch is not None and isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     elif isinstance(a, np.ndarray):
         assert type(b) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape
@@ -151,6 +153,7 @@ def _same(a, b):
         assert a == b
 
 
+@needs_torch
 def test_items_keep_structure_and_arrays_are_shared_memory_views():
     expected = list(Structured())
     got = list(SubprocessLoader(Structured()))
@@ -318,6 +321,7 @@ def test_small_held_items_take_a_page_each_and_recycling_can_be_turned_off():
     assert _segments() == []
 
 
+@needs_torch
 def test_the_helper_runs_torch_on_one_intra_op_thread():
     """As in a DataLoader worker: the helper's parallelism is its engine's threads; torch's default
     of a thread per core beside the training process's own oversubscribes the machine."""
@@ -553,6 +557,7 @@ def test_state_and_automatic_epochs_follow_the_helper(shardset):
     assert here.state_dict() == state
 
 
+@needs_torch
 def test_webloader_subprocess_matches_in_process(shardset):
     dataset = _arrays(shardset[4:5])
     expected = list(wds.WebLoader(dataset, batch_size=None, num_workers=0))

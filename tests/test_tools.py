@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 import shardstream as wds
+from needs import needs_torch
 
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools")
 
@@ -30,6 +31,7 @@ def image_text_shards(tmp_path_factory):
 
 
 @pytest.mark.timeout(180)
+@needs_torch
 def test_training_script_runs_and_checkpoints(image_text_shards, tmp_path):
     cmd = [sys.executable, os.path.join(TOOLS, "train_clip_style.py"), image_text_shards,
            "--epochs", "2", "--batch-size", "8", "--workers", "0", "--checkpoint", str(tmp_path / "ckpt")]

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from needs import needs_torch
+
 CHECK = """
 import sys, warnings
 warnings.filterwarnings("ignore")
@@ -35,6 +37,7 @@ print("ok")
 
 
 @pytest.mark.parametrize("torch_first", [False, True])
+@needs_torch
 def test_torch_is_lazy_and_dataloader_accepts_datasets(shardset, torch_first):
     before = "import torch" if torch_first else ""
     middle = "" if torch_first else "assert 'torch' not in sys.modules, 'shardstream imported torch'"

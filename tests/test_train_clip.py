@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from needs import needs_torch
 
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 TRAIN = 384  # samples: 4 shards (100, 100, 100, 84); 2 ranks x 24 steps of 8 a epoch, nothing dropped
@@ -75,6 +76,7 @@ def runs(clip_data, tmp_path_factory):
 
 
 @pytest.mark.timeout(400)
+@needs_torch
 def test_two_ranks_learn(runs):
     steps, summary, _ = runs["full"]
     assert [len(s) for s in steps] == [48, 48]  # 2 epochs x 24 steps on each rank
@@ -90,6 +92,7 @@ def test_two_ranks_learn(runs):
 
 
 @pytest.mark.timeout(400)
+@needs_torch
 def test_resume_on_two_ranks_sees_the_same_samples_and_losses(runs, tmp_path):
     out = tmp_path / "resumed"
     shutil.copytree(runs["stopped"], out)
@@ -104,6 +107,7 @@ def test_resume_on_two_ranks_sees_the_same_samples_and_losses(runs, tmp_path):
 
 
 @pytest.mark.timeout(400)
+@needs_torch
 def test_resume_on_one_rank_from_a_two_rank_checkpoint(runs, tmp_path):
     out = tmp_path / "elastic"
     shutil.copytree(runs["stopped"], out)
@@ -119,6 +123,7 @@ def test_resume_on_one_rank_from_a_two_rank_checkpoint(runs, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_resampled_weighted_sources_resume_exactly(clip_data, tmp_path):
     """Two `::` sources, OpenCLIP's upsampling factors, with_epoch, two DataLoader workers, one
     process: the run stopped at step 10 and resumed trains on the same samples."""
@@ -136,6 +141,7 @@ def test_resampled_weighted_sources_resume_exactly(clip_data, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_subprocess_loader_skips_bad_samples(tmp_path):
     _make(tmp_path / "data", "--train", "200", "--shard-size", "100", "--eval", "0", "--bad", "3")
     steps, _, result = _train(tmp_path / "run", "--train-data", str(tmp_path / "data" / "train-{000000..000001}.tar"),
@@ -146,6 +152,7 @@ def test_subprocess_loader_skips_bad_samples(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_http_shards_with_the_cache(clip_data, tmp_path):
     sys.path.insert(0, TOOLS)
     from shardserver import ShardServer
@@ -159,6 +166,7 @@ def test_http_shards_with_the_cache(clip_data, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_train_num_samples_ends_each_epoch_without_resampling(clip_data, tmp_path):
     """--train-num-samples 96 over 384 samples without --dataset-resampled sized only the learning
     rate schedule: each epoch trained all 384, three quarters of them at lr 0. Now each epoch
@@ -174,6 +182,7 @@ def test_train_num_samples_ends_each_epoch_without_resampling(clip_data, tmp_pat
 
 
 @pytest.mark.timeout(300)
+@needs_torch
 def test_the_subprocess_loader_s_resampled_epoch_is_not_divided_by_workers(clip_data, tmp_path):
     """--workers 2 with --subprocess-loader (one helper process, the flag unused) halved the
     resampled epoch: with_epoch's length was divided by the workers."""
@@ -184,6 +193,7 @@ def test_the_subprocess_loader_s_resampled_epoch_is_not_divided_by_workers(clip_
 
 
 @pytest.mark.timeout(400)
+@needs_torch
 def test_a_resampled_run_resumed_on_fewer_ranks_trains_every_epoch(clip_data, tmp_path):
     """Saved on 2 ranks, resumed on 1: each epoch was taken to end at (epoch + 1) x
     --train-num-samples, but a resampled epoch is whole batches per worker (224, not 200): by a

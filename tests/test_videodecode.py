@@ -7,17 +7,19 @@ import pickle
 
 import numpy as np
 import pytest
-import torch
 
 import shardstream as wds
 from shardstream._decode.video import VideoOptions, decode_video
 
 from mediagen import can_encode, level, make_video, video_params
+from needs import needs_torch, optional, torch_attr
+
+torch = optional("torch")
 
 
 def indices(frames) -> list:
     """Which source frame each decoded frame is, from its grey level."""
-    array = frames.numpy() if isinstance(frames, torch.Tensor) else np.asarray(frames)
+    array = frames.numpy() if torch is not None and isinstance(frames, torch.Tensor) else np.asarray(frames)
     means = array.reshape(len(array), -1).astype(np.float64).mean(axis=1)
     return [int(round((m - 16) / 8)) for m in means]
 
@@ -108,11 +110,11 @@ def test_uniform_without_a_frame_count_spreads_over_what_is_decoded():
         ("rgb", None, (2, 32, 48, 3), np.float32),
         ("l8", None, (2, 32, 48), np.uint8),
         ("rgba8", None, (2, 32, 48, 4), np.uint8),
-        ("torchrgb8", None, (2, 3, 32, 48), torch.uint8),
-        ("torchrgb", None, (2, 3, 32, 48), torch.float32),
-        ("torchrgb8", "THWC", (2, 32, 48, 3), torch.uint8),
-        ("torchrgb", "CTHW", (3, 2, 32, 48), torch.float32),
-        ("torchl8", None, (2, 32, 48), torch.uint8),
+        pytest.param("torchrgb8", None, (2, 3, 32, 48), torch_attr("uint8"), marks=needs_torch),
+        pytest.param("torchrgb", None, (2, 3, 32, 48), torch_attr("float32"), marks=needs_torch),
+        pytest.param("torchrgb8", "THWC", (2, 32, 48, 3), torch_attr("uint8"), marks=needs_torch),
+        pytest.param("torchrgb", "CTHW", (3, 2, 32, 48), torch_attr("float32"), marks=needs_torch),
+        pytest.param("torchl8", None, (2, 32, 48), torch_attr("uint8"), marks=needs_torch),
     ],
 )
 def test_output_specs_and_layouts(clip, spec, layout, shape, dtype):
@@ -121,7 +123,7 @@ def test_output_specs_and_layouts(clip, spec, layout, shape, dtype):
     channels_first = (layout or ("TCHW" if spec.startswith("torch") else "THWC")) != "THWC"
     first = frames[0, 0] if channels_first or frames.ndim == 3 else frames[0, ..., 0]  # red (or grey)
     value = float(first.max())
-    expected = level(0) / 255.0 if dtype in (np.float32, torch.float32) else level(0)
+    expected = level(0) / 255.0 if dtype in (np.float32, torch_attr("float32")) else level(0)
     assert abs(value - expected) <= (2 / 255 if expected < 1 else 2)
 
 
@@ -168,6 +170,7 @@ def test_a_window_past_the_end_is_a_clear_error(clip):
         decode_video(clip, VideoOptions(start=10.0), "mp4")
 
 
+@needs_torch
 def test_torch_video_has_read_video_layout():
     vframes, aframes, info = wds.torch_video(".mp4", make_video("mp4", frames=5, audio=True))
     assert vframes.shape == (5, 32, 48, 3) and vframes.dtype == torch.uint8
@@ -177,6 +180,7 @@ def test_torch_video_has_read_video_layout():
     assert aframes.shape == (1, 0) and info == {"video_fps": 10.0}
 
 
+@needs_torch
 def test_in_a_pipeline_with_images_alongside(tmp_path, clip):
     from PIL import Image
     import io

@@ -20,6 +20,7 @@ import inspect
 import types
 
 import pytest
+from needs import needs_torch
 
 MODULES = [
     "autodecode", "cache", "compat", "extradatasets", "filters", "gopen", "handlers", "mix",
@@ -74,6 +75,7 @@ def _same_kind(theirs, ours) -> bool:
 
 
 @pytest.mark.parametrize("module", MODULES)
+@needs_torch
 def test_module_has_every_webdataset_name(module):
     theirs = importlib.import_module(f"webdataset.{module}")
     ours = importlib.import_module(f"shardstream.{module}")
@@ -95,6 +97,7 @@ def test_omissions_are_real_and_explained():
             assert len(reason) > 20
 
 
+@needs_torch
 def test_the_rule_skips_imported_helpers_and_keeps_reexports():
     import webdataset.compat
     import webdataset.shardlists
@@ -108,6 +111,7 @@ def test_the_rule_skips_imported_helpers_and_keeps_reexports():
     assert "gopen" in api_names(webdataset.writer)
 
 
+@needs_torch
 def test_submodules_webdataset_reaches_as_attributes_are_here_too():
     """`import webdataset as wds; wds.tenbin.write(...)` works because webdataset's __init__
     imports them; here they load on first use."""

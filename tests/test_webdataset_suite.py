@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from needs import needs_torch
 
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "webdataset_suite")
 
@@ -22,6 +23,7 @@ def _counts(summary: str) -> dict:
 
 
 @pytest.mark.timeout(400)
+@needs_torch
 def test_webdataset_suite_passes_on_shardstream():
     env = dict(os.environ, SHARDSTREAM_WDS_SUITE="1", PYTHONDONTWRITEBYTECODE="1")
     done = subprocess.run(
