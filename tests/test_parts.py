@@ -102,7 +102,56 @@ def test_memory_stays_within_the_budget(files, budget):
         stop.set()
         watcher.join()
     assert 0 < peak[0] <= limit
-    assert parts._budget.used == 0  # everything given back
+    assert parts._budget.used == 0 and parts._budget.unread == 0  # everything given back
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cap", [2 * PART, None])
+def test_parts_stop_reading_while_their_bytes_wait_unread(files, budget, monkeypatch, cap):
+    """The budget keeps its requests in flight, not all their bytes in the heap: past UNREAD_CAP
+    bytes received and not yet read, parts nobody waits for stop reading their connections (TCP
+    holds the rest) until the reader takes some. The part the reader waits for never pauses.
+    Without the cap (None), a reader that pauses lets every granted part land in memory."""
+    if cap is not None:
+        monkeypatch.setattr(parts, "UNREAD_CAP", cap)
+    root, data = files
+    names = sorted(SIZES)[:2]
+    options = _options(16 * PART).replace(parallel_parts=4)
+    peak = [0]
+    with ShardServer(root) as server:
+        streams = [open_stream(server.url(name), options=options) for name in names]
+        try:
+            got = [bytearray(next(iter(streams[0])))]
+            deadline = time.monotonic() + 0.6  # the reader pauses (a training step)
+            while time.monotonic() < deadline:
+                peak[0] = max(peak[0], parts._budget.unread)
+                time.sleep(0.005)
+            got[0] += b"".join(streams[0])
+            got.append(bytearray(b"".join(streams[1])))
+        finally:
+            for stream in streams:
+                stream.close()
+    assert [bytes(g) for g in got] == [data[name] for name in names]
+    slack = 2 * 4 * options.chunk_size + PART  # a chunk past the cap per part, and the front part
+    if cap is not None:
+        assert 0 < peak[0] <= cap + slack
+    else:
+        assert peak[0] > 2 * PART + slack  # (what makes the test above tell)
+    assert parts._budget.unread == 0 and parts._budget.used == 0
+
+
+def test_a_stream_closed_with_parts_received_gives_their_bytes_back(files, budget, monkeypatch):
+    monkeypatch.setattr(parts, "UNREAD_CAP", PART)
+    root, data = files
+    name = sorted(SIZES)[0]
+    with ShardServer(root) as server:
+        stream = open_stream(server.url(name), options=_options(16 * PART))
+        first = next(iter(stream))
+        time.sleep(0.3)  # (parts ahead receive, then pause)
+        assert parts._budget.unread > 0
+        stream.close()
+    assert data[name].startswith(first)
+    assert parts._budget.unread == 0
 
 
 def test_the_budget_grants_in_reading_order():
@@ -438,7 +487,7 @@ def test_a_server_that_ignores_range_gives_the_budget_back(tmp_path, budget):
             assert len(samples) == 80
     finally:
         run_coroutine(runner.cleanup()).result(5)
-    assert parts._budget is not None and parts._budget.used == 0
+    assert parts._budget is not None and parts._budget.used == 0 and parts._budget.unread == 0
 
 
 def test_a_grant_put_off_when_its_loop_is_shut_down_is_made_on_the_next_loop():

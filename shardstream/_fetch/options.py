@@ -29,7 +29,10 @@ class FetchOptions:
             connection is given up on).
         backoff_base, backoff_max: retry delays are drawn uniformly from
             [0, min(backoff_max, backoff_base * 2 ** (failures - 1))] ("full jitter").
-        chunk_size: the largest chunk handed on (a target: the network decides how much is there).
+        chunk_size: the largest chunk handed on (a target: the network decides how much is there);
+            over http(s) also what aiohttp buffers per connection (twice this) before it stops
+            reading the socket: a part paused for memory (see `_fetch.parts.UNREAD_CAP`) holds
+            no more. 64 KiB: at 256 KiB the paused connections held ~16 MB more (32 of them).
         prefetch_bytes: bytes an open stream buffers ahead of its consumer.
         parallel_parts: connections one http(s) URL may be fetched over at once (1: a single
             one). Above 1, and when the server tells the size (Range) and it is more than one
@@ -55,7 +58,7 @@ class FetchOptions:
     retries: int = 8
     backoff_base: float = 0.2
     backoff_max: float = 10.0
-    chunk_size: int = 256 << 10
+    chunk_size: int = 64 << 10
     prefetch_bytes: int = 2 << 20
     parallel_parts: int = 32
     part_size: Optional[int] = None
