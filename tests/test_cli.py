@@ -258,3 +258,34 @@ def test_index_of_keys_with_line_breaks_reads_back(tmp_path, odd, capsys):
     else:
         assert not os.path.exists(path + ".idx") and "no .idx: a key holds a newline" in capsys.readouterr().out
     assert main(["verify", "-q", "--no-decode", path]) == 0
+
+
+def test_index_writes_nothing_outside_out_for_a_url_whose_name_is_a_path(tmp_path, capsys):
+    """A shard's name is its URL's last segment, percent-decoded: `.%2F..%2F..%2Fx.tar` is
+    `./../../x.tar`. `index --out DIR` joined it to DIR and wrote (and, for keys with line
+    breaks, deleted) `x.tar.idx` two folders above DIR."""
+    from aiohttp import web
+    from looptools import serve_app
+
+    from shardstream._fetch.loop import run_coroutine
+
+    from shardsets import tar_bytes
+
+    body = tar_bytes([("s0.txt", b"a"), ("s1.txt", b"b")])
+
+    async def handle(request):
+        return web.Response(body=body)
+
+    runner, url = serve_app(handle)
+    out = tmp_path / "a" / "b"
+    victim = tmp_path / "victim.tar.idx"
+    victim.write_bytes(b"someone else's index")
+    try:
+        base = url.rsplit("/", 1)[0]
+        assert main(["index", f"{base}/x/.%2F..%2F..%2Fvictim.tar", "--out", str(out), "-q"]) == 1
+    finally:
+        run_coroutine(runner.cleanup()).result(5)
+    err = capsys.readouterr().err
+    assert "not a plain file name" in err and "victim.tar" in err
+    assert victim.read_bytes() == b"someone else's index"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["victim.tar.idx"]

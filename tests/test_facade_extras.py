@@ -606,3 +606,19 @@ def test_enforce_security_refuses_a_pickle_field_as_a_decoding_error(tmp_path):
     finally:
         shardstream.allow_pickle(previous)
     assert caught["shardstream"] is caught["webdataset"] is ValueError
+
+
+def test_a_shard_spec_reads_only_wds_variables(monkeypatch):
+    """`${NAME}` is WDS_NAME, as in webdataset: a spec copied from a dataset card must not send
+    the user's secrets to its server (`.../${AWS_SECRET_ACCESS_KEY}.tar` went out as the key)."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2secret")
+    monkeypatch.delenv("WDS_AWS_SECRET_ACCESS_KEY", raising=False)
+    spec = "http://127.0.0.1:9/x/${AWS_SECRET_ACCESS_KEY}.tar"
+    with pytest.raises(shardstream.UsageError, match="WDS_AWS_SECRET_ACCESS_KEY is not set") as info:
+        shardstream.shardlists.expand_urls(spec)
+    assert "hunter2secret" not in str(info.value)
+    with pytest.raises(shardstream.UsageError):
+        list(shardstream.WebDataset(spec, shardshuffle=False))
+    monkeypatch.setenv("WDS_AWS_SECRET_ACCESS_KEY", "named")
+    assert shardstream.shardlists.expand_urls(spec) == webdataset.shardlists.expand_urls(spec) == [
+        "http://127.0.0.1:9/x/named.tar"]

@@ -434,3 +434,20 @@ def test_torch_resizer_uses_one_intra_op_thread_per_pool_thread_only(tmp_path, s
     )
     assert set(dataset) == {1}
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_fused_path_keeps_pillows_decompression_bomb_limit(backend, monkeypatch):
+    """An image over twice Pillow's MAX_IMAGE_PIXELS is refused as `.decode("rgb8")` refuses it:
+    simplejpeg decoded such a JPEG (a 333-byte header claiming 65500x65500 cost ~1 s and 200 MB)
+    where the plain path raised DecompressionBombError at once."""
+    import PIL.Image
+
+    data = encode(photo(80, 60, seed=1), "JPEG", "RGB")
+    handler = wds.imagehandler("rgb8", size=24, crop="center", backend=backend)
+    assert handler(".jpg", data).shape == (24, 24, 3)
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 1000)  # 4,800 pixels: over twice the limit
+    with pytest.raises(PIL.Image.DecompressionBombError):
+        handler(".jpg", data)
+    with pytest.raises(PIL.Image.DecompressionBombError):
+        wds.imagehandler("rgb8")(".jpg", data)  # (the plain path, the reference)

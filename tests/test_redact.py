@@ -38,6 +38,14 @@ from shardstream._base.redact import redact
         ("http://h/a.tar?token=secret#frag", "http://h/a.tar?token=***#frag"),
         ("pipe:curl -s -u bob:pw1 'https://alice:pw2@h/x.tar?token=t' -H 'Authorization: Bearer abc'",
          "pipe:curl -s -u *** 'https://***@h/x.tar?token=***' -H 'Authorization: ***'"),
+        # curl's usual spellings (the security hunt): -u at the end of a cluster, secret headers
+        ("pipe:curl -sfu alice:S3cret http://h/x.tar", "pipe:curl -sfu *** http://h/x.tar"),
+        ("pipe:curl -sSLfu 'alice:S3cret' http://h/x.tar", "pipe:curl -sSLfu '***' http://h/x.tar"),
+        ("pipe:curl -s -H 'PRIVATE-TOKEN: glpat-xyz' http://h/x.tar", "pipe:curl -s -H 'PRIVATE-TOKEN: ***' http://h/x.tar"),
+        ('pipe:curl --header "X-API-Key: k123" http://h/x.tar', 'pipe:curl --header "X-API-Key: ***" http://h/x.tar'),
+        ("pipe:curl --oauth2-bearer tok123 http://h/x.tar", "pipe:curl --oauth2-bearer *** http://h/x.tar"),
+        ("pipe:curl -s -H 'Accept: text/plain' http://h/x.tar", "pipe:curl -s -H 'Accept: text/plain' http://h/x.tar"),
+        ("stall_timeout: 30 s; no credentials: set them", "stall_timeout: 30 s; no credentials: set them"),
         ("pipe:AWS_SECRET_ACCESS_KEY=xyz aws s3 cp s3://b/x.tar -", "pipe:AWS_SECRET_ACCESS_KEY=*** aws s3 cp s3://b/x.tar -"),
         ("cannot open https://u:p@h/x.tar: refused", "cannot open https://***@h/x.tar: refused"),
         ("headers=<CIMultiDictProxy('Host': 'h', 'Authorization': 'Basic Ym9iOnB3', 'X-Amz-Security-Token': 't', "

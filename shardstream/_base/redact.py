@@ -7,7 +7,8 @@ command, a log line):
   the userinfo runs to the *last* `@` of the authority), also a careless `user:pa/ss@host`;
 - the value of every `name=value` whose name looks secret: `token`, `*_token`, `key`, `*_key`,
   `secret`, `*signature` (AWS and GCS signed URLs), `*credential`, `sig`, `password`, ...
-- in commands: `-u user:pass` / `--user`, and `Authorization:` header values;
+- in commands: `-u user:pass` (also `-sfu user:pass`) / `--user` / `--oauth2-bearer`, `Authorization:`
+  header values, and `-H` headers whose names look secret (`PRIVATE-TOKEN`, `X-Api-Key`);
 - in a mapping's repr (an HTTP library's request headers): the values of keys that look secret
   (`'Authorization'`, `'X-Amz-Security-Token'`, `'Cookie'`, `'X-Api-Key'`, ...; not a bare
   `'key'`, which JSON samples use for other things).
@@ -30,12 +31,16 @@ _PORT = re.compile(r":\d*$")
 _SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SECRET_NAME = r"[\w.-]*(?:key|token|secret|signature|password|passwd|credential|auth)[\w.-]*|sig|pwd|pass"
 _ASSIGNMENT = re.compile(rf"(?i)((?:^|[?&#;:\s'\"(,])(?:{_SECRET_NAME})=)(?:[^&#;\s'\",]|,(?!\s|$))*")
-_USER_OPTION = re.compile(r"((?:^|\s)(?:-u\s*|--user[=\s]+|--password[=\s]+))(['\"]?)[^\s'\"]+")
+# -u also as the last of a cluster of short flags (curl -sfu user:pass), and a bearer option
+_USER_OPTION = re.compile(r"((?:^|\s)(?:-[a-zA-Z]{0,6}u\s*|--user[=\s]+|--password[=\s]+|--oauth2-bearer[=\s]+))"
+                          r"(['\"]?)[^\s'\"]+")
 _AUTH_HEADER = re.compile(r"(?i)(authorization\s*:\s*)[^'\"\n]+")
 # a header in a mapping's repr (aiohttp's errors show their request's): 'Authorization': 'Basic ...'
 _HEADER_NAME = (r"(?:proxy-)?authorization|(?:set-)?cookie"
                 r"|[\w-]*(?:token|secret|signature|credential|password|passwd|api[-_]?key|access[-_]?key)[\w-]*")
 _HEADER_ITEM = re.compile(rf"(?i)((?:^|[\s{{,(])['\"](?:{_HEADER_NAME})['\"]\s*:\s*['\"])[^'\"\n]*")
+# a header given on a command line: -H 'PRIVATE-TOKEN: ...', --header "X-Api-Key: ..."
+_HEADER_OPTION = re.compile(rf"(?i)((?:^|\s)(?:-H|--header)[=\s]*['\"]?(?:{_HEADER_NAME})\s*:\s*)[^'\"\n]+")
 
 
 _HOST = re.compile(r"[\w.\-]*(?::\d*)?$")  # what may follow a userinfo's "@" up to the path: host[:port]
@@ -89,6 +94,7 @@ def redact(text: object, secrets: Sequence[str] = ()) -> str:
     result = _USER_OPTION.sub(rf"\1\2{MASK}", result)
     result = _HEADER_ITEM.sub(rf"\1{MASK}", result)
     result = _AUTH_HEADER.sub(rf"\1{MASK}", result)
+    result = _HEADER_OPTION.sub(rf"\1{MASK}", result)
     for secret in secrets:
         result = result.replace(secret, MASK)
     return result

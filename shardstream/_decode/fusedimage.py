@@ -322,6 +322,9 @@ class FusedImageHandler(FieldHandler):
             return None  # Pillow decides what is wrong with it
         if colorspace not in ("Gray", "YCbCr"):
             return None  # CMYK/YCCK/RGB JPEGs: Pillow's conversions are the reference
+        limit = _pil().MAX_IMAGE_PIXELS
+        if limit is not None and height * width > limit:
+            return None  # Pillow's decompression-bomb check decides (a warning, or an error past twice it)
         box, out = self.geometry(width, height)
         padding = self._padding(width, height, out)
         # Only 1/2, 1/4, 1/8: libjpeg-turbo's 5/8 decodes as slowly as full size and 6/8, 7/8

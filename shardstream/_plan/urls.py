@@ -20,21 +20,22 @@ _VAR = re.compile(r"\$\{(\w+)\}")
 
 
 def envlookup(m: "re.Match[str]") -> str:
-    """The value for a `${NAME}` match `m`: WDS_NAME, else NAME (webdataset reads only WDS_NAME).
+    """The value for a `${NAME}` match `m`: WDS_NAME, as webdataset reads it. Only WDS_ names:
+    a spec copied from elsewhere must not send your other variables (`${AWS_SECRET_ACCESS_KEY}`)
+    to its server, in a URL that no redaction can tell from a shard's name.
 
     Raises:
-        UsageError: neither variable is set.
+        UsageError: WDS_NAME is not set.
     """
     name = m.group(1)
-    # webdataset looks up ${NAME} as WDS_NAME; plain NAME is accepted as a fallback.
-    for key in ("WDS_" + name, name):
-        if key in os.environ:
-            return os.environ[key]
-    raise UsageError(f"shard spec refers to ${{{name}}} but neither WDS_{name} nor {name} is set")
+    if "WDS_" + name in os.environ:
+        return os.environ["WDS_" + name]
+    raise UsageError(f"shard spec refers to ${{{name}}} but WDS_{name} is not set (a spec reads only "
+                     "WDS_ variables, as in webdataset)")
 
 
 def envsubst(s: str) -> str:
-    """Replace `${NAME}` in `s` by the value of WDS_NAME (or NAME), repeatedly, at most ten rounds."""
+    """Replace `${NAME}` in `s` by the value of WDS_NAME, repeatedly, at most ten rounds."""
     for _ in range(10):
         expanded = _VAR.sub(envlookup, s)
         if expanded == s:

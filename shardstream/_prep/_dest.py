@@ -45,8 +45,20 @@ class Destination:
                 raise UsageError(f"cannot write to {redact(self.url)}: {exn}") from None
         return self._fs
 
+    def _named(self, name: str) -> str:
+        """`name` if it names a file directly in this destination; else a UsageError. A shard's
+        name comes from its URL (percent-decoded): `.%2F..%2F..%2Fx.tar` must not write, or
+        delete, `../../x.tar.idx` outside the destination."""
+        separators = {"/", os.sep, os.altsep or "/"}
+        if (not name or name in (".", "..") or "\0" in name or any(sep in name for sep in separators)
+                or os.path.isabs(name)):
+            raise UsageError(f"refusing to write {name!r} in {redact(self.url)}: not a plain file name "
+                             "(a shard URL whose name holds a path, after percent-decoding)")
+        return name
+
     def where(self, name: str) -> str:
         """The path or URL of `name` in this destination (redact before showing it)."""
+        name = self._named(name)
         return os.path.join(self.local, name) if self.local is not None else f"{self.url}/{name}"
 
     def prepare(self) -> None:
@@ -71,6 +83,7 @@ class Destination:
             fs.makedirs(root, exist_ok=True)
 
     def exists(self, name: str) -> bool:
+        name = self._named(name)
         if self.local is not None:
             return os.path.exists(os.path.join(self.local, name))
         fs, root = self._remote()
@@ -79,6 +92,7 @@ class Destination:
     @contextlib.contextmanager
     def open(self, name: str) -> Iterator[BinaryIO]:
         """A binary stream for `name`; the file appears only when the block ends without error."""
+        name = self._named(name)
         if self.local is not None:
             final = os.path.join(self.local, name)
             temp = os.path.join(self.local, temp_name(name))
@@ -114,6 +128,7 @@ class Destination:
 
     def remove(self, name: str) -> None:
         """Delete `name` if it is there."""
+        name = self._named(name)
         if self.local is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.local, name))
