@@ -680,3 +680,21 @@ def test_sessions_share_one_loader(bucket, s3_admin):
 
     first, second = run(two_clients)
     assert first is not second and first._loader is second._loader
+
+
+def test_botocores_debug_lines_hold_no_session_token(bucket, s3_admin, monkeypatch, caplog):
+    """botocore logs each request's headers and its signed canonical request at DEBUG: with a
+    root logger at DEBUG, every S3 read printed AWS_SESSION_TOKEN (the security hunt: 16 lines
+    a shard). Their lines are redacted as ours are."""
+    import logging
+
+    import shardstream as wds
+    from shardsets import tar_bytes
+
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "SessionTokenQQQ555")
+    s3_admin.put_object(Bucket=bucket, Key="logged.tar", Body=tar_bytes([("s0.txt", b"a"), ("s1.txt", b"b")]))
+    with caplog.at_level(logging.DEBUG):
+        assert len(list(wds.WebDataset(f"s3://{bucket}/logged.tar", shardshuffle=False))) == 2
+    botocore_lines = [r for r in caplog.records if r.name.startswith(("botocore", "aiobotocore"))]
+    assert botocore_lines  # (they do log: what the test looks at)
+    assert not [r.getMessage()[:200] for r in botocore_lines if "SessionTokenQQQ555" in r.getMessage()]

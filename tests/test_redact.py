@@ -44,6 +44,8 @@ from shardstream._base.redact import redact
         ("pipe:curl -s -H 'PRIVATE-TOKEN: glpat-xyz' http://h/x.tar", "pipe:curl -s -H 'PRIVATE-TOKEN: ***' http://h/x.tar"),
         ('pipe:curl --header "X-API-Key: k123" http://h/x.tar', 'pipe:curl --header "X-API-Key: ***" http://h/x.tar'),
         ("pipe:curl --oauth2-bearer tok123 http://h/x.tar", "pipe:curl --oauth2-bearer *** http://h/x.tar"),
+        ("headers={'X-Amz-Security-Token': b'tok9', 'Accept': b'*/*'}",  # botocore's request repr: bytes values
+         "headers={'X-Amz-Security-Token': b'***', 'Accept': b'*/*'}"),
         ("pipe:curl -s -H 'Accept: text/plain' http://h/x.tar", "pipe:curl -s -H 'Accept: text/plain' http://h/x.tar"),
         ("stall_timeout: 30 s; no credentials: set them", "stall_timeout: 30 s; no credentials: set them"),
         ("pipe:AWS_SECRET_ACCESS_KEY=xyz aws s3 cp s3://b/x.tar -", "pipe:AWS_SECRET_ACCESS_KEY=*** aws s3 cp s3://b/x.tar -"),
@@ -122,3 +124,15 @@ def test_pathlib_paths_are_shard_urls(tmp_path):
         sink.write({"__key__": "k", "txt": "x"})
     for spec in (path, [path], [Path(str(path))]):
         assert [s["__key__"] for s in wds.WebDataset(spec, shardshuffle=False)] == ["k"]
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("http://alice:pw@h/x.tar?sig=1", "http://h/x.tar?sig=1"),
+    ("http://user:pa/ss@host:8/x.tar", "http://host:8/x.tar"),  # "/" in the password
+    ("s3://bucket/key@2.tar", "s3://bucket/key@2.tar"),
+    ("/data/x.tar", "/data/x.tar"),
+])
+def test_without_userinfo(url, expected):
+    from shardstream._base.redact import without_userinfo
+
+    assert without_userinfo(url) == expected

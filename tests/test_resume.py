@@ -1357,3 +1357,30 @@ def test_an_older_iterator_closed_late_leaves_the_newest_one_s_state(shardset, l
     resumed = build()
     resumed.load_state_dict(ds.state_dict())
     assert_same_stream(list(build()), newest + list(resumed))
+
+
+def test_a_states_shard_fingerprint_holds_no_password_and_survives_its_rotation():
+    """The fingerprint hashed each URL's userinfo: a shared checkpoint carried a digest to test
+    password guesses against, and a rotated password made the state "of another dataset"."""
+    import shardstream._resume.statecheck as statecheck
+
+    def build(password):
+        return wds.WebDataset([f"http://alice:{password}@127.0.0.1:1/s-{i}.tar" for i in range(3)],
+                              shardshuffle=False)
+
+    state = build("pw1").state_dict()
+    assert state["fingerprint"]["shards"] == build("other").state_dict()["fingerprint"]["shards"] == \
+        wds.WebDataset([f"http://127.0.0.1:1/s-{i}.tar" for i in range(3)], shardshuffle=False).state_dict()[
+            "fingerprint"]["shards"]
+    build("pw2").load_state_dict(state)
+    # a state saved before (userinfo hashed) still loads into the same URLs
+    old = build("pw1")
+    legacy = dict(state, fingerprint=dict(state["fingerprint"], shards=statecheck._digest(
+        old.pipeline[0].urls, statecheck.without_query)))
+    assert legacy["fingerprint"]["shards"] != state["fingerprint"]["shards"]
+    old.load_state_dict(legacy)
+    with pytest.raises(wds.UsageError, match="another dataset"):
+        build("pw3").load_state_dict(legacy)  # (its digest was of pw1's URLs)
+    with pytest.raises(wds.UsageError, match="another dataset"):
+        wds.WebDataset([f"http://alice:pw1@127.0.0.1:1/t-{i}.tar" for i in range(3)], shardshuffle=False
+                       ).load_state_dict(state)

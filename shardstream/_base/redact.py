@@ -18,10 +18,11 @@ Redaction errs on the side of hiding: `?monkey=1` loses its value too.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Sequence, Tuple
 
-__all__ = ["redact", "redact_url", "url_secrets"]
+__all__ = ["redact", "redact_loggers", "redact_url", "url_secrets", "without_userinfo"]
 
 MASK = "***"
 
@@ -38,7 +39,7 @@ _AUTH_HEADER = re.compile(r"(?i)(authorization\s*:\s*)[^'\"\n]+")
 # a header in a mapping's repr (aiohttp's errors show their request's): 'Authorization': 'Basic ...'
 _HEADER_NAME = (r"(?:proxy-)?authorization|(?:set-)?cookie"
                 r"|[\w-]*(?:token|secret|signature|credential|password|passwd|api[-_]?key|access[-_]?key)[\w-]*")
-_HEADER_ITEM = re.compile(rf"(?i)((?:^|[\s{{,(])['\"](?:{_HEADER_NAME})['\"]\s*:\s*['\"])[^'\"\n]*")
+_HEADER_ITEM = re.compile(rf"(?i)((?:^|[\s{{,(])['\"](?:{_HEADER_NAME})['\"]\s*:\s*b?['\"])[^'\"\n]*")
 # a header given on a command line: -H 'PRIVATE-TOKEN: ...', --header "X-Api-Key: ..."
 _HEADER_OPTION = re.compile(rf"(?i)((?:^|\s)(?:-H|--header)[=\s]*['\"]?(?:{_HEADER_NAME})\s*:\s*)[^'\"\n]+")
 
@@ -100,6 +101,16 @@ def redact(text: object, secrets: Sequence[str] = ()) -> str:
     return result
 
 
+def without_userinfo(url: str) -> str:
+    """`url` without the userinfo of its authority (`user:pass@`), whatever the password holds."""
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return url
+    rest = url[scheme.end():]
+    at = _userinfo_end(rest)
+    return url if at == -1 else url[:scheme.end()] + rest[at + 1:]
+
+
 def redact_url(url: object) -> str:
     """`redact(url)`, the pieces of its password masked wherever they appear too: a password
     that holds a raw space (`http://bob:hunter 2@host/a.tar`, sent as typed) ends the URL a
@@ -126,3 +137,36 @@ def url_secrets(url: str) -> Tuple[str, ...]:
         return ()
     password = rest[:at].partition(":")[2]
     return tuple(piece for piece in re.split(r"[#?/@\s]", password) if len(piece) >= 3)
+
+
+# a header on a line of its own, as botocore's signer logs its canonical request: x-amz-security-token:...
+_HEADER_LINE = re.compile(rf"(?im)^((?:{_HEADER_NAME})\s*:)[^\n]+")
+
+
+class _Redacting(logging.Filter):
+    """Redacts a record's message (its arguments formatted in first) before any handler sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is logging's to report, not ours
+            return True
+        hidden = _HEADER_LINE.sub(rf"\1{MASK}", redact(message))
+        if hidden != message:
+            record.msg, record.args = hidden, ()
+        return True
+
+
+_FILTER = _Redacting()
+
+
+def redact_loggers(*prefixes: str) -> None:
+    """Put the redacting filter on every logger there is now under `prefixes` (a library's: a
+    logger's filter does not reach its children, so each gets it). botocore logs its requests'
+    headers and signed canonical requests at DEBUG: the session token with them."""
+    manager = logging.Logger.manager
+    for name in list(manager.loggerDict):
+        if name.startswith(prefixes) or name in prefixes:
+            found = manager.loggerDict[name]
+            if isinstance(found, logging.Logger) and _FILTER not in found.filters:
+                found.addFilter(_FILTER)

@@ -25,6 +25,8 @@ from aiobotocore.session import get_session
 from botocore import UNSIGNED
 from botocore.loaders import create_loader
 
+from .._base.redact import redact_loggers
+
 logger = logging.getLogger("shardstream._fetch.s3")
 
 __all__ = ["ClientLease", "close_s3_clients", "lease_client", "preload"]
@@ -226,6 +228,7 @@ async def _hold_client(key: _ClientKey, ready: "asyncio.Future[Any]") -> None:
     does; so does `close_s3_clients`), and the cancellation closes its connections cleanly.
     """
     try:
+        redact_loggers("botocore", "aiobotocore")  # (their DEBUG lines hold the session token; made by now)
         session = get_session()
         data_path = session.get_config_variable("data_path")
         loader = _loaders.get(data_path)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .._base.errors import UsageError
+from .._base.redact import without_userinfo
 from .._plan.urls import without_query
 
 __all__ = ["STATE_FORMAT", "check_state", "fingerprint"]
@@ -41,6 +42,20 @@ def _label(stage: Any) -> str:
     return f"{name}({', '.join(args)})" if args else name
 
 
+def _identity(url: str) -> str:
+    """What of a shard URL names the shard in a fingerprint: no http(s) query (re-signed URLs
+    match) and no userinfo (a rotated password matches, and a shared checkpoint carries no hash
+    of it: a digest per password is a test for guesses)."""
+    return without_userinfo(without_query(url))
+
+
+def _digest(urls: Sequence[str], identity: Callable[[str], str]) -> Dict[str, Any]:
+    digest = hashlib.blake2b(digest_size=12)
+    for url in urls:
+        digest.update(identity(url).encode("utf-8", "surrogateescape") + b"\n")
+    return {"count": len(urls), "digest": digest.hexdigest()}
+
+
 def _shards(source: Any) -> Dict[str, Any]:
     urls = getattr(source, "urls", None)
     if not isinstance(urls, (list, tuple)):
@@ -53,10 +68,7 @@ def _shards(source: Any) -> Dict[str, Any]:
         return dict(kept[1])
     if not all(isinstance(u, str) for u in urls):
         return {"source": type(source).__name__}
-    digest = hashlib.blake2b(digest_size=12)
-    for url in urls:
-        digest.update(without_query(url).encode("utf-8", "surrogateescape") + b"\n")
-    found = {"count": len(urls), "digest": digest.hexdigest()}
+    found = _digest(urls, _identity)
     try:
         source._shards_digest = (key, found)
     except AttributeError:  # (a source that takes no attributes: hashed each time)
@@ -128,8 +140,20 @@ def _check_fields(state: Mapping[str, Any], kind: str) -> None:
 _PER_WORKER = ("nsamples",)
 
 
-def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any], same_layout: bool = True) -> None:
-    if saved.get("shards") != expected["shards"]:
+def _saved_with_userinfo(saved: Any, source: Any) -> bool:
+    """Whether `saved` is the shard digest that shardstream 0.1.0 before this check made of the
+    same URLs, userinfo included: those states still load."""
+    urls = getattr(source, "urls", None)
+    if not isinstance(saved, Mapping) or not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) for u in urls):
+        return False
+    if all(without_userinfo(url) == url for url in urls):
+        return False
+    return saved == _digest(urls, without_query)
+
+
+def _check_fingerprint(saved: Mapping[str, Any], expected: Mapping[str, Any], same_layout: bool = True,
+                       source: Any = None) -> None:
+    if saved.get("shards") != expected["shards"] and not _saved_with_userinfo(saved.get("shards"), source):
         raise UsageError(
             f"the saved state is of another dataset: it was saved over shards {saved.get('shards')}, "
             f"this pipeline reads {expected['shards']}"
@@ -183,5 +207,5 @@ def check_state(state: Any, stages: Sequence[Any], kind: str,
         if version >= 2:
             was = saved.get("layout") or {}
             same = layout is None or all(was.get(k) == layout.get(k) for k in ("world_size", "num_workers"))
-            _check_fingerprint(saved.get("fingerprint") or {}, expected, same)
+            _check_fingerprint(saved.get("fingerprint") or {}, expected, same, stages[0] if stages else None)
     return [dict(s) for s in states]
