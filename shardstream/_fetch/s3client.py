@@ -25,7 +25,7 @@ from aiobotocore.session import get_session
 from botocore import UNSIGNED
 from botocore.loaders import create_loader
 
-from .._base.redact import redact_loggers
+from .._base.logredact import redact_loggers
 
 logger = logging.getLogger("shardstream._fetch.s3")
 
